@@ -1,0 +1,19 @@
+"""Workarounds for third-party defects, in one place.
+
+Each module here fixes one upstream defect, names the upstream versions it is for, and
+exposes an idempotent ``apply()``; importing this package applies them all.
+
+| module              | upstream                     | defect                                       |
+|---------------------|------------------------------|----------------------------------------------|
+| checkpoint          | mmengine 0.10.x, torch>=2.6  | torch.load without weights_only              |
+| spconv_cpu          | spconv 2.3.x, CPU-only torch | backward asks CUDA for the current stream    |
+| runner_config       | mmengine 0.10.x              | unknown config keys (optimizer_config, fp16, |
+|                     |                              | scaling) silently ignored by Runner.from_cfg |
+| point_loading       | mmdet3d 1.4.0                | a corrupt point file fails without its name  |
+"""
+from . import checkpoint, point_loading, runner_config, spconv_cpu
+
+for _shim in (checkpoint, spconv_cpu, runner_config, point_loading):
+    _shim.apply()
+
+__all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading']

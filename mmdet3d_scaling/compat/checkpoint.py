@@ -1,0 +1,132 @@
+"""Safe checkpoint loading for mmengine 0.10.x on torch >= 2.6.
+
+mmengine 0.10.7 calls ``torch.load(filename, map_location=...)`` without
+``weights_only``. torch >= 2.6 defaults to ``weights_only=True`` and then refuses the
+objects every mmengine checkpoint holds (the message hub's ``HistoryBuffer``, numpy
+arrays in its logs), so ``--resume`` and ``load_from=`` break.
+
+The shim re-registers mmengine's local-file and http(s) checkpoint schemes with a loader
+that keeps ``weights_only=True`` and allows exactly the globals mmengine checkpoints
+contain (:data:`MMENGINE_CHECKPOINT_GLOBALS`). A file that needs anything else is
+refused with an error naming the globals; full unpickling (which can run arbitrary code)
+happens only for files the user declared trusted, one by one:
+
+- ``tools/train.py ... --trust-checkpoint PATH`` (repeatable), or
+- ``trusted_checkpoints = ['PATH', ...]`` in the config, or
+- ``MMDET3D_SCALING_TRUSTED_CHECKPOINTS=PATH1:PATH2`` in the environment (what the
+  other two set, so that every rank of a distributed run sees it).
+
+There is deliberately no switch that trusts every file.
+"""
+import os
+import os.path as osp
+import pickle
+from typing import Any, Callable, Iterable, List, Optional
+
+import torch
+
+UPSTREAM = 'mmengine 0.10.x with torch >= 2.6'
+TRUSTED_ENV = 'MMDET3D_SCALING_TRUSTED_CHECKPOINTS'
+
+
+class UntrustedCheckpointError(pickle.UnpicklingError):
+    """A checkpoint holds objects outside the allow-list and was not declared trusted."""
+
+
+def _numpy_globals() -> List[Any]:
+    import numpy as np
+    core = getattr(np, '_core', None) or np.core  # numpy 2 renamed core -> _core
+    found = [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar]
+    # numpy >= 1.25 pickles dtypes as instances of per-type classes (Float64DType, ...).
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:
+        found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
+    return found
+
+
+def mmengine_checkpoint_globals() -> List[Any]:
+    """Everything a checkpoint written by mmengine 0.10's Runner unpickles to."""
+    from mmengine.logging.history_buffer import HistoryBuffer
+    from mmengine.config.config import ConfigDict
+    return [HistoryBuffer, ConfigDict, *_numpy_globals()]
+
+
+def trusted_paths() -> List[str]:
+    """Absolute paths the user declared trusted (see module docstring)."""
+    raw = os.environ.get(TRUSTED_ENV, '')
+    return [osp.abspath(osp.expanduser(p)) for p in raw.split(os.pathsep) if p]
+
+
+def trust_checkpoints(paths: Iterable[str]) -> None:
+    """Declare checkpoint files trusted for full unpickling (this process and children)."""
+    known = trusted_paths()
+    for path in paths:
+        full = osp.abspath(osp.expanduser(str(path)))
+        if full not in known:
+            known.append(full)
+    os.environ[TRUSTED_ENV] = os.pathsep.join(known)
+
+
+def _unsafe_globals(filename: str) -> List[str]:
+    getter = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint', None)
+    if getter is None:
+        return []
+    try:
+        return sorted(getter(filename))
+    except Exception:  # the file may not be a zip checkpoint; the error says enough
+        return []
+
+
+def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
+    """``torch.load`` a checkpoint: allow-listed unless the file is declared trusted."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'checkpoint {filename} can not be found.')
+    if osp.abspath(filename) in trusted_paths():
+        return torch.load(filename, map_location=map_location, weights_only=False)
+    safe_globals = getattr(torch.serialization, 'safe_globals', None)
+    if safe_globals is None:  # torch < 2.5 has no allow-list API and loads fully anyway
+        return torch.load(filename, map_location=map_location)
+    allowed = mmengine_checkpoint_globals()
+    with safe_globals(allowed):
+        try:
+            return torch.load(filename, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:
+            extra = [g for g in _unsafe_globals(filename)
+                     if g not in {f'{a.__module__}.{a.__qualname__}' for a in allowed}]
+            raise UntrustedCheckpointError(
+                f'checkpoint {filename} contains objects outside the mmengine '
+                f'allow-list{": " + ", ".join(extra) if extra else ""}. Loading it '
+                'would run arbitrary code. If you trust this file, pass '
+                f'`--trust-checkpoint {filename}` to tools/train.py or tools/test.py, '
+                f'or add it to `trusted_checkpoints` in the config. Details: {err}'
+            ) from err
+
+
+def _load_from_http(filename: str, map_location: Any = None,
+                    model_dir: Optional[str] = None) -> Any:
+    """Download once per node (local rank 0 first), then load through the allow-list."""
+    from mmengine.dist import get_dist_info
+    from torch.hub import download_url_to_file, get_dir
+
+    cache_dir = model_dir or osp.join(get_dir(), 'checkpoints')
+    cached = osp.join(cache_dir, osp.basename(filename.split('?')[0]))
+    rank, world_size = get_dist_info()
+    if rank == 0 and not osp.isfile(cached):
+        os.makedirs(cache_dir, exist_ok=True)
+        download_url_to_file(filename, cached, progress=False)
+    if world_size > 1:
+        torch.distributed.barrier()
+    return load_checkpoint_file(cached, map_location)
+
+
+def _register(prefixes, loader: Callable) -> None:
+    from mmengine.runner.checkpoint import CheckpointLoader
+    CheckpointLoader.register_scheme(prefixes=prefixes, loader=loader, force=True)
+
+
+def apply() -> bool:
+    """Route mmengine's local and http(s) checkpoint loading through the allow-list."""
+    _register('', load_checkpoint_file)
+    _register(('http://', 'https://'), _load_from_http)
+    return True

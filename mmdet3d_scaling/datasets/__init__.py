@@ -1,0 +1,1 @@
+"""datasets of mmdet3d_scaling."""

@@ -1,0 +1,27 @@
+"""Turn a user's config into what mmengine's Runner understands.
+
+Called on a copy of the config by ``Runner.from_cfg`` (see
+:mod:`mmdet3d_scaling.compat.runner_config`), so the stock mmdet3d tools and ours
+behave the same. Every step is idempotent: preparing a prepared config changes nothing.
+"""
+from mmengine.config import Config
+
+from ..compat.checkpoint import trust_checkpoints
+from .launcher import resolve_launcher
+from .parallel import configure_devices
+
+
+def apply_trusted_checkpoints(cfg: Config) -> None:
+    """``trusted_checkpoints = [...]`` in a config: allow full unpickling of those files."""
+    paths = cfg.get('trusted_checkpoints') or []
+    if isinstance(paths, str):
+        paths = [paths]
+    trust_checkpoints(paths)
+
+
+def prepare_config(cfg: Config) -> Config:
+    """Apply the plugin's config steps in order and return ``cfg`` (modified in place)."""
+    cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
+    apply_trusted_checkpoints(cfg)
+    configure_devices(cfg)
+    return cfg

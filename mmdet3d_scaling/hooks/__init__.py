@@ -1,0 +1,1 @@
+"""hooks of mmdet3d_scaling."""

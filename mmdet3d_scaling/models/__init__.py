@@ -1,0 +1,1 @@
+"""models of mmdet3d_scaling."""

@@ -1,0 +1,1 @@
+"""utils of mmdet3d_scaling."""
