@@ -26,6 +26,7 @@ API (stable; the dataset writers rely on it)::
     scene.boxes_lidar  # (M, 7) float32: x, y, z_bottom, l, w, h, yaw
     scene.labels       # (M,) int64 index into scene.class_names
     scene.visibility   # (M,) float32 in [0, 1]
+    scene.clutter_boxes, scene.clutter_kinds  # (K, 7) boxes and 'pole'/'wall'/'bush'
 """
 from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
@@ -33,7 +34,8 @@ from typing import Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 __all__ = ['SizePrior', 'SensorModel', 'Area', 'Scene', 'sample_scene',
-           'KITTI_CLASSES', 'box_corners_lidar', 'points_in_box_mask']
+           'KITTI_CLASSES', 'box_corners_lidar', 'points_in_box_mask',
+           'CLUTTER_KINDS', 'clutter_size', 'scan_boxes']
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,9 @@ class Scene:
     class_names: Tuple[str, ...]
     visibility: np.ndarray  # (M,) float32, fraction of surface points not occluded
     ground_z: float = field(default=-1.73)  # ground plane height in the LiDAR frame
+    # (K, 7) clutter (poles, walls, bushes) as boxes, e.g. for rendering camera images
+    clutter_boxes: np.ndarray = field(default_factory=lambda: np.zeros((0, 7), np.float32))
+    clutter_kinds: Tuple[str, ...] = ()  # 'pole', 'wall' or 'bush' for each clutter box
 
 
 # --------------------------------------------------------------------------- geometry
@@ -323,4 +328,64 @@ def sample_scene(rng: np.random.Generator, classes: Mapping[str, SizePrior], n_o
     boxes = np.asarray(placed[:n_obj], np.float32).reshape(-1, 7)
     return Scene(points=points[keep], boxes_lidar=boxes,
                  labels=np.asarray(labels, np.int64), class_names=names,
-                 visibility=visibility, ground_z=ground_z)
+                 visibility=visibility, ground_z=ground_z,
+                 clutter_boxes=np.asarray([c[0] for c in clutter], np.float32).reshape(-1, 7),
+                 clutter_kinds=tuple(c[1] for c in clutter))
+
+
+# --------------------------------------------------------------- scanning given boxes
+#: clutter kinds accepted by :func:`scan_boxes` and :func:`clutter_size`.
+CLUTTER_KINDS: Tuple[str, ...] = tuple(kind for kind, _ in _CLUTTER)
+
+
+def clutter_size(rng: np.random.Generator, kind: str) -> np.ndarray:
+    """Random (l, w, h) in metres of one clutter item of ``kind`` (see CLUTTER_KINDS)."""
+    if kind not in CLUTTER_KINDS:
+        raise ValueError(f'unknown clutter kind {kind!r}; use one of {CLUTTER_KINDS}')
+    return _clutter_size(rng, kind)
+
+
+def scan_boxes(rng: np.random.Generator, boxes: np.ndarray, intensities: np.ndarray,
+               clutter: List[Tuple[np.ndarray, str]] = (),
+               sensor: SensorModel = SensorModel()
+               ) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scan boxes placed by the caller (e.g. a temporal nuScenes scene) with ``sensor``.
+
+    The point model is :func:`sample_scene`'s (faces that face the sensor, ground,
+    shadows), for callers that place objects themselves.
+
+    Args:
+        rng: the only source of randomness.
+        boxes: (M, 7) object boxes x, y, z_bottom, l, w, h, yaw in the LiDAR frame.
+        intensities: (M,) mean reflectance of each object in [0, 1].
+        clutter: (box, kind) pairs of unannotated clutter, kind in CLUTTER_KINDS.
+        sensor: the LiDAR model.
+
+    Returns:
+        tuple: points (N, 4) float32 x, y, z, intensity; owner (N,) int64, the
+        index of the object box a point lies on, -1 for clutter and ground;
+        visibility (M,) float32, fraction of each object's points not occluded.
+    """
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 7)
+    reflectance = dict(_CLUTTER)
+    placed = list(boxes) + [np.asarray(b, np.float64) for b, _ in clutter]
+    chunks = [_face_points(rng, b, sensor, float(i)) for b, i in zip(boxes, intensities)]
+    for box, kind in clutter:
+        sample = _ellipsoid_points if kind == 'bush' else _face_points
+        chunks.append(sample(rng, np.asarray(box, np.float64), sensor, reflectance[kind]))
+    ground = _ground_points(rng, sensor)
+    on_free_ground = np.ones(len(ground), bool)
+    for box in placed:
+        on_free_ground &= ~points_in_box_mask(ground[:, :3], box, margin=0.1)
+    chunks.append(ground[on_free_ground])
+
+    owner = np.concatenate([np.full(len(c), i) for i, c in enumerate(chunks)])
+    points = np.concatenate(chunks)
+    keep = np.linalg.norm(points[:, :2], axis=1) <= sensor.max_range
+    for i, box in enumerate(placed):
+        keep &= ~(_shadow_mask(points[:, :3], box) & (owner != i))
+    n_obj = len(boxes)
+    visibility = np.array([keep[owner == i].mean() if (owner == i).any() else 0.0
+                           for i in range(n_obj)], np.float32)
+    owner = np.where(owner < n_obj, owner, -1)
+    return points[keep], owner[keep].astype(np.int64), visibility
