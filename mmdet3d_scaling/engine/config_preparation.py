@@ -7,6 +7,7 @@ behave the same. Every step is idempotent: preparing a prepared config changes n
 from mmengine.config import Config
 
 from ..compat.checkpoint import trust_checkpoints
+from ..datasets.preflight import check_data_paths
 from .launcher import resolve_launcher
 from .parallel import configure_devices
 
@@ -24,4 +25,5 @@ def prepare_config(cfg: Config) -> Config:
     cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
     apply_trusted_checkpoints(cfg)
     configure_devices(cfg)
+    check_data_paths(cfg)  # last: earlier steps may rewrite data paths
     return cfg
