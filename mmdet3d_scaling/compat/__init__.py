@@ -10,10 +10,15 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 | runner_config       | mmengine 0.10.x              | unknown config keys (optimizer_config, fp16, |
 |                     |                              | scaling) silently ignored by Runner.from_cfg |
 | point_loading       | mmdet3d 1.4.0                | a corrupt point file fails without its name  |
+| mmcv_ops            | mmcv 2.x                     | missing compiled ops fail late, without fix  |
 """
-from . import checkpoint, point_loading, runner_config, spconv_cpu
+from . import mmcv_ops
+
+mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
+
+from . import checkpoint, point_loading, runner_config, spconv_cpu  # noqa: E402
 
 for _shim in (checkpoint, spconv_cpu, runner_config, point_loading):
     _shim.apply()
 
-__all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading']
+__all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops']

@@ -1,0 +1,72 @@
+import fractions
+import os
+import pickle
+
+import pytest
+import torch
+from mmengine.runner import Runner
+from mmengine.runner.checkpoint import CheckpointLoader
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d_scaling.compat import checkpoint as shim
+from tests.toy import toy_runner_cfg
+
+
+@pytest.fixture
+def no_trusted(monkeypatch):
+    monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
+
+
+def _train_and_checkpoint(work_dir) -> str:
+    runner = Runner(**toy_runner_cfg(work_dir, max_iters=4))
+    runner.train()
+    path = os.path.join(work_dir, 'iter_4.pth')
+    assert os.path.isfile(path)
+    return path
+
+
+def test_mmengine_checkpoint_needs_the_allow_list(tmp_path, no_trusted):
+    path = _train_and_checkpoint(tmp_path)
+    # torch >= 2.6 refuses a plain weights_only load of an mmengine checkpoint ...
+    with pytest.raises(pickle.UnpicklingError):
+        torch.load(path, weights_only=True)
+    # ... and mmengine's loader, routed through the shim, loads it safely.
+    ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
+    assert ckpt['meta']['iter'] == 4
+    assert 'message_hub' in ckpt and 'optimizer' in ckpt
+
+
+def test_resume_through_runner(tmp_path, no_trusted):
+    path = _train_and_checkpoint(tmp_path / 'a')
+    runner = Runner(**toy_runner_cfg(tmp_path / 'b', max_iters=6, resume=True,
+                                     load_from=path))
+    runner.train()
+    assert runner.iter == 6
+
+
+def test_untrusted_globals_are_refused_and_named(tmp_path, no_trusted):
+    path = str(tmp_path / 'odd.pth')
+    torch.save(dict(state_dict={}, meta=dict(ratio=fractions.Fraction(1, 3))), path)
+    with pytest.raises(shim.UntrustedCheckpointError) as err:
+        CheckpointLoader.load_checkpoint(path)
+    message = str(err.value)
+    assert 'fractions.Fraction' in message and '--trust-checkpoint' in message
+    assert path in message
+
+
+def test_trusted_file_loads_fully(tmp_path, no_trusted):
+    path = str(tmp_path / 'odd.pth')
+    torch.save(dict(state_dict={}, meta=dict(ratio=fractions.Fraction(1, 3))), path)
+    shim.trust_checkpoints([path])
+    ckpt = CheckpointLoader.load_checkpoint(path)
+    assert ckpt['meta']['ratio'] == fractions.Fraction(1, 3)
+    # Trust is per file: a copy elsewhere is still refused.
+    other = str(tmp_path / 'copy.pth')
+    torch.save(dict(meta=dict(ratio=fractions.Fraction(1, 3))), other)
+    with pytest.raises(shim.UntrustedCheckpointError):
+        CheckpointLoader.load_checkpoint(other)
+
+
+def test_missing_checkpoint_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match='nope.pth'):
+        CheckpointLoader.load_checkpoint(str(tmp_path / 'nope.pth'))

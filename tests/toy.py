@@ -1,0 +1,60 @@
+"""A tiny model and dataset for tests of runner mechanics (not of detection).
+
+Tests of detection use real mmdet3d models and datasets; these exist for checks that
+need exact arithmetic (e.g. accumulation equivalence) or a checkpoint in seconds.
+"""
+import torch
+from mmengine.model import BaseModel
+from torch.utils.data import Dataset
+
+
+class ToyRegressor(BaseModel):
+    """Linear regression with an MSE loss; no BatchNorm, deterministic."""
+
+    def __init__(self, in_features: int = 4):
+        super().__init__()
+        self.linear = torch.nn.Linear(in_features, 1)
+
+    def forward(self, inputs, targets=None, mode='tensor'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        out = self.linear(inputs).squeeze(-1)
+        if mode == 'loss':
+            targets = torch.stack(targets) if isinstance(targets, list) else targets
+            return dict(loss=((out - targets) ** 2).mean())
+        return out
+
+
+class ToyDataset(Dataset):
+    """``length`` fixed random samples ``dict(inputs, targets)``."""
+
+    def __init__(self, length: int = 16, in_features: int = 4, seed: int = 0):
+        gen = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(length, in_features, generator=gen)
+        self.y = self.x.sum(1) + 0.1 * torch.randn(length, generator=gen)
+        self.metainfo = dict(classes=('toy',))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, idx: int) -> dict:
+        return dict(inputs=self.x[idx], targets=self.y[idx])
+
+
+def toy_runner_cfg(work_dir, max_iters: int = 4, batch_size: int = 2, **overrides) -> dict:
+    """Kwargs for ``mmengine.runner.Runner`` training ToyRegressor with SGD."""
+    cfg = dict(
+        model=ToyRegressor(),
+        work_dir=str(work_dir),
+        train_dataloader=dict(
+            dataset=ToyDataset(), batch_size=batch_size, num_workers=0,
+            sampler=dict(type='DefaultSampler', shuffle=False),
+            collate_fn=dict(type='default_collate')),
+        optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),
+        train_cfg=dict(by_epoch=False, max_iters=max_iters),
+        default_hooks=dict(checkpoint=dict(type='CheckpointHook', interval=max_iters,
+                                           by_epoch=False)),
+        env_cfg=dict(dist_cfg=dict(backend='gloo')),
+        log_level='WARNING',
+    )
+    cfg.update(overrides)
+    return cfg
