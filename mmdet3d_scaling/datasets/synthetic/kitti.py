@@ -43,15 +43,16 @@ class KittiSceneConfig:
     """What a synthetic KITTI frame contains.
 
     Args:
-        area: where objects and clutter go (LiDAR frame, metres). Defaults to 4-50 m
-            ahead, +-30 m to the sides.
+        area: where objects and clutter go (LiDAR frame, metres). Defaults to 4-40 m
+            ahead, +-20 m to the sides: inside both the stock KITTI point-cloud range
+            and the CPU demo's smaller one, so every labelled object is detectable.
         objects: (min, max) objects per frame, inclusive. Defaults to (6, 14).
         clutter: (min, max) poles/walls/bushes per frame, inclusive. Defaults to (4, 10).
         fov_deg: objects stay within this horizontal angle around the camera axis
             (KITTI's camera sees about 80 degrees). Defaults to 76.
         sensor: the LiDAR model (see :class:`SensorModel`).
     """
-    area: Area = Area(x_min=4.0, y_min=-30.0, x_max=50.0, y_max=30.0, min_range=5.0)
+    area: Area = Area(x_min=4.0, y_min=-20.0, x_max=40.0, y_max=20.0, min_range=5.0)
     objects: Tuple[int, int] = (6, 14)
     clutter: Tuple[int, int] = (4, 10)
     fov_deg: float = 76.0
