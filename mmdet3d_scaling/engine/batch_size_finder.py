@@ -1,0 +1,456 @@
+"""Find the largest per-device batch that trains without running out of memory.
+
+A trial is ``steps_per_trial`` real ``train_step`` calls (forward, backward, optimizer
+step) on one batch built from the dataset's largest samples. The search doubles the batch
+from ``init_batch_size`` until a trial fails, then bisects between the last success and
+the first failure. A trial fails when it raises an out-of-memory error or when its peak
+memory exceeds ``(1 - margin)`` of the device's capacity.
+
+Every trial starts from the same model / optimizer / RNG state (copied to the CPU before
+the search) and the state is put back afterwards, so the search leaves no trace in the
+training run. Trials run on the unwrapped model with no cross-rank communication (DDP
+gradient sync and SyncBN statistics are local), so one rank running out of memory cannot
+leave the others waiting in a collective; ranks then agree on the minimum.
+
+Memory is read through a probe (:mod:`.memory_probe`): the CUDA allocator on a GPU, a
+model of the device on a CPU.
+"""
+import contextlib
+import copy
+import gc
+import hashlib
+import json
+import os
+import os.path as osp
+import random
+import time
+from collections import OrderedDict
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
+
+import numpy as np
+import torch
+from mmengine import dist
+from mmengine.logging import print_log
+from mmengine.optim import OptimWrapper, OptimWrapperDict
+from torch import nn
+
+from .memory_probe import MemoryProbe
+
+_OOM_MESSAGES = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED',
+                 'cudaErrorMemoryAllocation')
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is the device running out of memory (not some other failure)."""
+    if isinstance(exc, torch.cuda.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and any(m in str(exc) for m in _OOM_MESSAGES)
+
+
+# ----------------------------------------------------------------------------- results
+@dataclass
+class Trial:
+    """One trial: ``fits`` is False on OOM or when ``peak_bytes`` exceeds the limit."""
+    batch_size: int
+    fits: bool
+    peak_bytes: Optional[int]
+    oom: bool
+    seconds: float
+
+
+@dataclass
+class SearchResult:
+    """Outcome of a search (this rank's, or agreed across ranks in ``batch_size``).
+
+    ``batch_size`` is what to train with; ``local_batch_size`` is this rank's own
+    finding; ``hit_upper_bound`` means every batch up to ``max_batch_size`` fit.
+    """
+    batch_size: int
+    local_batch_size: int
+    capacity_bytes: int
+    limit_bytes: int
+    margin: float
+    max_batch_size: int
+    hit_upper_bound: bool
+    device_name: str
+    seconds: float
+    trials: List[Trial] = field(default_factory=list)
+    from_cache: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> 'SearchResult':
+        data = dict(data)
+        data['trials'] = [Trial(**t) for t in data.get('trials', [])]
+        return cls(**data)
+
+
+# ------------------------------------------------------------------- state snapshots
+def _to_cpu(obj: Any) -> Any:
+    """Deep copy of a nested state with every tensor cloned to the CPU."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to('cpu', copy=True)
+    if isinstance(obj, OrderedDict):  # a module state dict: keep its version metadata
+        out = OrderedDict((k, _to_cpu(v)) for k, v in obj.items())
+        if hasattr(obj, '_metadata'):
+            out._metadata = copy.deepcopy(obj._metadata)
+        return out
+    if isinstance(obj, dict):
+        return {k: _to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_to_cpu(v) for v in obj)
+    return obj
+
+
+def optim_wrappers(optim_wrapper: OptimWrapper) -> List[OptimWrapper]:
+    """The plain optim wrappers inside ``optim_wrapper`` (one unless it is a dict)."""
+    if isinstance(optim_wrapper, OptimWrapperDict):
+        return list(optim_wrapper.optim_wrappers.values())
+    return [optim_wrapper]
+
+
+_COUNT_ATTRS = ('_inner_count', '_accumulative_counts', '_max_counts', '_remainder_counts')
+
+
+class TrainingState:
+    """A CPU copy of what a trial changes: weights, buffers, optimizer, counters, RNG."""
+
+    def __init__(self, model: nn.Module, optim_wrapper: OptimWrapper):
+        self.model = model
+        self.optim_wrapper = optim_wrapper
+        self.training = model.training
+        self.model_state = _to_cpu(model.state_dict())
+        self.optim_state = _to_cpu(optim_wrapper.state_dict())
+        self.counts = [{a: getattr(w, a) for a in _COUNT_ATTRS}
+                       for w in optim_wrappers(optim_wrapper)]
+        self.rng = dict(python=random.getstate(), numpy=np.random.get_state(),
+                        torch=torch.get_rng_state(),
+                        cuda=torch.cuda.get_rng_state_all()
+                        if torch.cuda.is_available() else None)
+
+    def restore(self) -> None:
+        for p in self.model.parameters():
+            p.grad = None
+        self.model.load_state_dict(self.model_state, strict=True)
+        self.optim_wrapper.load_state_dict(self.optim_state)
+        for wrapper, counts in zip(optim_wrappers(self.optim_wrapper), self.counts):
+            for name, value in counts.items():
+                setattr(wrapper, name, value)
+        random.setstate(self.rng['python'])
+        np.random.set_state(self.rng['numpy'])
+        torch.set_rng_state(self.rng['torch'])
+        if self.rng['cuda'] is not None:
+            torch.cuda.set_rng_state_all(self.rng['cuda'])
+        self.model.train(self.training)
+
+
+@contextlib.contextmanager
+def one_step_per_call(optim_wrapper: OptimWrapper) -> Iterator[None]:
+    """Every ``update_params`` steps the optimizer (no accumulation) inside the block."""
+    for wrapper in optim_wrappers(optim_wrapper):
+        wrapper._accumulative_counts = 1
+        wrapper._inner_count = 0
+        wrapper._max_counts = -1
+    yield  # TrainingState.restore puts the counters back
+
+
+@contextlib.contextmanager
+def local_sync_bn(model: nn.Module) -> Iterator[None]:
+    """Make ``torch.nn.SyncBatchNorm`` layers use only this rank's batch inside the block.
+
+    Their statistics all-gather would otherwise block every rank on a rank that ran out
+    of memory. All ranks must enter this together (it creates process groups).
+    """
+    layers = [m for m in model.modules() if isinstance(m, nn.SyncBatchNorm)]
+    world_size = dist.get_world_size()
+    if world_size == 1 or not layers:
+        yield
+        return
+    import torch.distributed as torch_dist
+    singles = [torch_dist.new_group([r]) for r in range(world_size)]
+    own = singles[dist.get_rank()]
+    saved = [m.process_group for m in layers]
+    for m in layers:
+        m.process_group = own
+    try:
+        yield
+    finally:
+        for m, group in zip(layers, saved):
+            m.process_group = group
+
+
+# ------------------------------------------------------------------------ the search
+class BatchSizeFinder:
+    """Largest batch whose training steps fit in ``(1 - margin)`` of device memory.
+
+    Args:
+        model: the unwrapped model (``BaseModel`` with ``train_step``).
+        optim_wrapper: the runner's optim wrapper (its optimizer allocates state on the
+            first step, which the trials include).
+        make_batch: ``make_batch(n)`` returns a data batch of ``n`` samples as the train
+            dataloader would yield it (see :class:`LargestSampleBatches`).
+        probe: memory probe (:class:`~.memory_probe.CudaMemoryProbe` on a GPU).
+        margin: share of device memory kept free, in [0, 1). Defaults to 0.1.
+        steps_per_trial: training steps per trial (the first allocates the optimizer
+            state, later ones show the allocator's steady state). Defaults to 2.
+        init_batch_size: first batch tried. Defaults to 1.
+        max_batch_size: largest batch tried. Defaults to 256.
+    """
+
+    def __init__(self, model: nn.Module, optim_wrapper: OptimWrapper,
+                 make_batch: Callable[[int], Any], probe: MemoryProbe,
+                 margin: float = 0.1, steps_per_trial: int = 2,
+                 init_batch_size: int = 1, max_batch_size: int = 256):
+        if not 0 <= margin < 1:
+            raise ValueError(f'margin must be in [0, 1) (a share of device memory), '
+                             f'got {margin}')
+        if steps_per_trial < 1:
+            raise ValueError(f'steps_per_trial must be >= 1, got {steps_per_trial}')
+        if not 1 <= init_batch_size <= max_batch_size:
+            raise ValueError(
+                f'need 1 <= init_batch_size <= max_batch_size, got init_batch_size='
+                f'{init_batch_size}, max_batch_size={max_batch_size}')
+        self.model = model
+        self.optim_wrapper = optim_wrapper
+        self.make_batch = make_batch
+        self.probe = probe
+        self.margin = float(margin)
+        self.steps_per_trial = int(steps_per_trial)
+        self.init_batch_size = int(init_batch_size)
+        self.max_batch_size = int(max_batch_size)
+        self.trials: List[Trial] = []
+
+    @property
+    def limit_bytes(self) -> int:
+        return int(self.probe.capacity_bytes() * (1.0 - self.margin))
+
+    def _release(self) -> None:
+        gc.collect()
+        self.probe.release()
+
+    def try_batch(self, batch_size: int, state: TrainingState) -> Trial:
+        """Run one trial at ``batch_size`` and put ``state`` back, whatever happens."""
+        start = time.perf_counter()
+        oom, peak = False, None
+        self.probe.reset()
+        try:
+            data = self.make_batch(batch_size)
+            self.model.train()
+            with one_step_per_call(self.optim_wrapper):
+                for _ in range(self.steps_per_trial):
+                    self.model.train_step(data, optim_wrapper=self.optim_wrapper)
+            peak = self.probe.peak_bytes()
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+            if not is_out_of_memory(exc):
+                raise
+            oom = True  # the traceback (and the tensors its frames hold) dies here
+        finally:
+            data = None
+            state.restore()
+            self._release()
+        fits = not oom and peak is not None and peak <= self.limit_bytes
+        trial = Trial(batch_size, fits, peak, oom, time.perf_counter() - start)
+        self.trials.append(trial)
+        print_log(f'auto batch size: batch {batch_size} '
+                  f'{"fits" if fits else "does not fit"} '
+                  f'({"OOM" if oom else _gib(peak)} of {_gib(self.limit_bytes)} allowed)',
+                  logger='current')
+        return trial
+
+    def _largest_fitting(self, state: TrainingState) -> int:
+        good, bad = 0, None
+        size = self.init_batch_size
+        while True:  # grow by powers of two
+            if self.try_batch(size, state).fits:
+                good = size
+                if size == self.max_batch_size:
+                    return good
+                size = min(size * 2, self.max_batch_size)
+            else:
+                bad = size
+                break
+        while bad - good > 1:  # bisect between the last success and the first failure
+            mid = (good + bad) // 2
+            if self.try_batch(mid, state).fits:
+                good = mid
+            else:
+                bad = mid
+        return good
+
+    def search(self) -> SearchResult:
+        """Search on this rank, then agree on the minimum with the other ranks."""
+        start = time.perf_counter()
+        self.trials = []
+        state = TrainingState(self.model, self.optim_wrapper)
+        self._release()
+        with local_sync_bn(self.model):
+            local = self._largest_fitting(state)
+        agreed = agree_min(local)
+        if agreed < 1:
+            raise RuntimeError(
+                f'auto batch size: even a batch of 1 does not fit in '
+                f'{_gib(self.limit_bytes)} ({self.margin:.0%} of '
+                f'{_gib(self.probe.capacity_bytes())} kept free) on '
+                f'{"this rank" if local < 1 else "another rank"}. Lower the margin, '
+                'shrink the model or the point cloud range, or enable AMP.')
+        return SearchResult(
+            batch_size=agreed, local_batch_size=local,
+            capacity_bytes=self.probe.capacity_bytes(), limit_bytes=self.limit_bytes,
+            margin=self.margin, max_batch_size=self.max_batch_size,
+            hit_upper_bound=local == self.max_batch_size,
+            device_name=self.probe.device_name(),
+            seconds=time.perf_counter() - start, trials=list(self.trials))
+
+
+def agree_min(value: int) -> int:
+    """The minimum of ``value`` over all ranks (``value`` itself when not distributed)."""
+    if dist.get_world_size() == 1:
+        return int(value)
+    tensor = torch.tensor([int(value)], dtype=torch.int64)
+    dist.all_reduce(tensor, op='min')
+    return int(tensor.item())
+
+
+def _gib(num_bytes: Optional[int]) -> str:
+    return 'n/a' if num_bytes is None else f'{num_bytes / 2**30:.2f} GiB'
+
+
+# ------------------------------------------------------------------- largest samples
+def _file_bytes(path: Any) -> int:
+    try:
+        return os.path.getsize(path) if isinstance(path, str) else 0
+    except OSError:
+        return 0
+
+
+def sample_size(info: dict) -> Dict[str, int]:
+    """Points (as bytes of the LiDAR files, sweeps included) and boxes of one data info.
+
+    Reads only file sizes and the annotation list, so scanning thousands of infos
+    takes seconds. Unknown parts count as 0.
+    """
+    lidar = info.get('lidar_points') or {}
+    points = _file_bytes(lidar.get('lidar_path', info.get('lidar_path')))
+    for sweep in info.get('lidar_sweeps') or []:
+        points += _file_bytes((sweep.get('lidar_points') or {}).get('lidar_path'))
+    if 'instances' in info:
+        boxes = len(info['instances'])
+    else:
+        labels = (info.get('ann_info') or {}).get('gt_labels_3d')
+        boxes = 0 if labels is None else len(labels)
+    return dict(points=points, boxes=boxes)
+
+
+def rank_largest(dataset: Any, num: int, scan_limit: int = 1000) -> List[int]:
+    """Indices of the ``num`` largest samples among ``scan_limit`` evenly spread ones.
+
+    A sample's size is its share of the largest point file plus its share of the most
+    boxes seen in the scan, so both dense clouds and crowded scenes rank high. Datasets
+    without ``get_data_info`` fall back to their first samples.
+    """
+    length = len(dataset)
+    if length == 0:
+        raise ValueError('auto batch size: the train dataset is empty.')
+    scan = np.unique(np.linspace(0, length - 1, min(scan_limit, length)).astype(int))
+    if not hasattr(dataset, 'get_data_info'):
+        return [int(i) for i in scan[:num]]
+    sizes = [sample_size(dataset.get_data_info(int(i))) for i in scan]
+    top_points = max(s['points'] for s in sizes) or 1
+    top_boxes = max(s['boxes'] for s in sizes) or 1
+    score = [s['points'] / top_points + s['boxes'] / top_boxes for s in sizes]
+    order = sorted(range(len(scan)), key=lambda k: (-score[k], int(scan[k])))
+    return [int(scan[k]) for k in order[:num]]
+
+
+class LargestSampleBatches:
+    """``batches(n)``: a collated batch of the ``n`` largest samples, cycling if needed.
+
+    Each picked sample goes through the dataset's pipeline once and is kept, so larger
+    trials reuse what smaller ones loaded.
+
+    Args:
+        dataset: the train dataset (an mmdet3d dataset ranks by its data infos).
+        collate_fn: the train dataloader's ``collate_fn``.
+        num_candidates: distinct samples to use. Defaults to 16.
+        scan_limit: infos scanned to find them. Defaults to 1000.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list], Any],
+                 num_candidates: int = 16, scan_limit: int = 1000):
+        if num_candidates < 1 or scan_limit < 1:
+            raise ValueError(f'num_candidates and scan_limit must be >= 1, got '
+                             f'{num_candidates} and {scan_limit}')
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.indices = rank_largest(dataset, num_candidates, scan_limit)
+        self._loaded: Dict[int, Any] = {}
+
+    def _sample(self, idx: int) -> Any:
+        if idx not in self._loaded:
+            self._loaded[idx] = self.dataset[idx]
+        return self._loaded[idx]
+
+    def __call__(self, batch_size: int) -> Any:
+        picks = [self.indices[i % len(self.indices)] for i in range(batch_size)]
+        return self.collate_fn([self._sample(i) for i in picks])
+
+
+# ------------------------------------------------------------------------ the cache
+def cache_key(parts: Dict[str, Any]) -> str:
+    """A stable hash of what decides memory use (config parts, world size, device)."""
+    text = json.dumps(parts, sort_keys=True, default=repr)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+class ResultCache:
+    """Search results in one JSON file, keyed by :func:`cache_key`.
+
+    Args:
+        path: the JSON file (in the work dir, so a resumed run finds it).
+    """
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def _read(self) -> dict:
+        if not osp.isfile(self.path):
+            return {}
+        with open(self.path) as f:
+            try:
+                return json.load(f)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f'auto batch size cache {self.path} is not valid JSON '
+                                 f'({exc}); delete it to search again.') from exc
+
+    def get(self, key: str) -> Optional[SearchResult]:
+        entry = self._read().get(key)
+        return None if entry is None else SearchResult.from_dict(entry)
+
+    def put(self, key: str, result: SearchResult) -> None:
+        entries = self._read()
+        entries[key] = result.to_dict()
+        os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
+        tmp = f'{self.path}.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(entries, f, indent=2, sort_keys=True)
+        os.replace(tmp, self.path)
+
+
+def lookup_agreed(cache: ResultCache, key: str) -> Optional[SearchResult]:
+    """The cached result if every rank has it (the minimum batch among them), else None.
+
+    All ranks must call this together; a rank without the entry makes everyone search.
+    """
+    result = cache.get(key)
+    have = agree_min(1 if result is not None else 0)
+    if not have:
+        return None
+    batch = agree_min(result.batch_size)
+    result.batch_size = batch
+    result.from_cache = True
+    return result

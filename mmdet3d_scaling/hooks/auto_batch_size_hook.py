@@ -1,0 +1,352 @@
+"""AutoBatchSizeHook: train with the largest per-GPU batch that fits, same effective batch.
+
+Runs in ``before_run`` of training, i.e. after mmengine has built the train loop, the
+optim wrapper and the parameter schedulers, and before weights are initialised, a
+checkpoint is resumed and the optim wrapper's accumulation counters are initialised. So
+the pieces it replaces (dataloader, loop length, schedulers, accumulation) are in place
+before anything reads them, and a resumed checkpoint's scheduler state lands on the
+schedulers built for the new batch size.
+"""
+import copy
+import logging
+import os.path as osp
+from typing import Any, Dict, Optional, Union
+
+import torch
+from mmengine import dist
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.logging import print_log
+from mmengine.model import is_model_wrapper
+from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
+from mmengine.runner.base_loop import BaseLoop
+from mmengine.runner.loops import _InfiniteDataloaderIterator
+from mmengine.runner.utils import calc_dynamic_intervals
+
+from mmdet3d.registry import HOOKS
+
+from ..engine.batch_size_finder import (BatchSizeFinder, LargestSampleBatches,
+                                        ResultCache, SearchResult, cache_key,
+                                        lookup_agreed, optim_wrappers)
+from ..engine.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
+from ..registry import register
+
+ADJUST_MODES = ('accumulation', 'lr')
+
+
+@register(HOOKS)
+class AutoBatchSizeHook(Hook):
+    """Search the largest per-GPU batch before training and keep the effective batch.
+
+    The search (:class:`~mmdet3d_scaling.engine.batch_size_finder.BatchSizeFinder`)
+    trains a few real steps on batches of the dataset's largest samples, doubling then
+    bisecting the batch, and keeps ``margin`` of device memory free. All ranks use the
+    smallest batch any of them found. The result is cached in the work dir, keyed by the
+    model / dataset / optimizer config, world size and device, so a resumed run reuses it.
+
+    Then, with ``adjust='accumulation'`` (default), the per-GPU batch and the gradient
+    accumulation are set so that per-GPU batch x world size x accumulation equals the
+    effective batch the run was configured with (the per-GPU batch is the largest that
+    fits and divides it). With ``adjust='lr'`` there is no accumulation: the effective
+    batch becomes per-GPU batch x world size and the learning rate is scaled by the ratio
+    of the new to the configured effective batch (``lr_scaling`` rule).
+
+    Args:
+        margin: share of device memory kept free, in [0, 1). Defaults to 0.1.
+        steps_per_trial: training steps per trial. Defaults to 2.
+        init_batch_size: first per-GPU batch tried. Defaults to 1.
+        max_batch_size: largest per-GPU batch tried. Defaults to None: the configured
+            effective batch / world size with ``adjust='accumulation'`` (a larger batch
+            could not be used), else 256.
+        adjust: 'accumulation' (keep the effective batch) or 'lr' (scale the LR).
+            Defaults to 'accumulation'.
+        lr_scaling: with ``adjust='lr'``: 'linear' or 'sqrt'. Defaults to 'linear'.
+        num_candidates: distinct large samples used to build trial batches. Defaults to 16.
+        scan_limit: data infos scanned to find them. Defaults to 1000.
+        cache_file: JSON file for results, relative to the work dir. Defaults to
+            'auto_batch_size.json'.
+        use_cache: reuse a cached result for the same setting. Defaults to True.
+        probe: memory probe: None (the CUDA device; without one the hook warns and keeps
+            the configured batch), a probe object, or
+            ``dict(type='ModeledMemoryProbe', capacity_bytes=..., ...)`` for a modelled
+            device (CPU dry runs and tests).
+    """
+
+    priority = 'HIGHEST'  # before any hook reads the batch size or the loop length
+
+    def __init__(self, margin: float = 0.1, steps_per_trial: int = 2,
+                 init_batch_size: int = 1, max_batch_size: Optional[int] = None,
+                 adjust: str = 'accumulation', lr_scaling: str = 'linear',
+                 num_candidates: int = 16, scan_limit: int = 1000,
+                 cache_file: str = 'auto_batch_size.json', use_cache: bool = True,
+                 probe: Union[None, dict, MemoryProbe] = None):
+        if adjust not in ADJUST_MODES:
+            raise ValueError(f'AutoBatchSizeHook: adjust={adjust!r} is not one of '
+                             f'{ADJUST_MODES}')
+        if lr_scaling not in ('linear', 'sqrt'):
+            raise ValueError(f"AutoBatchSizeHook: lr_scaling={lr_scaling!r}: use 'linear' "
+                             "or 'sqrt' (adjust='accumulation' keeps the LR as it is)")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f'AutoBatchSizeHook: max_batch_size must be >= 1, got '
+                             f'{max_batch_size}')
+        if not 0 <= margin < 1:
+            raise ValueError(f'AutoBatchSizeHook: margin must be in [0, 1), got {margin}')
+        self.margin = margin
+        self.steps_per_trial = steps_per_trial
+        self.init_batch_size = init_batch_size
+        self.max_batch_size = max_batch_size
+        self.adjust = adjust
+        self.lr_scaling = lr_scaling
+        self.num_candidates = num_candidates
+        self.scan_limit = scan_limit
+        self.cache_file = cache_file
+        self.use_cache = use_cache
+        self.probe = probe
+        self.result: Optional[SearchResult] = None
+        self.plan: Any = None
+
+    # ------------------------------------------------------------------ entry point
+    def before_run(self, runner) -> None:
+        # before_run also fires for runner.val()/test(); act once, when training.
+        if self.result is not None or not isinstance(runner._train_loop, BaseLoop):
+            return
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        probe = self._build_probe(model, runner.optim_wrapper)
+        if probe is None:
+            return
+        world_size = dist.get_world_size()
+        current = self._current(runner, world_size)
+        upper = self._upper_bound(runner, current, world_size)
+        key = cache_key(self._key_parts(runner, model, probe, world_size, upper))
+        cache = ResultCache(osp.join(runner.work_dir, self.cache_file))
+        result = lookup_agreed(cache, key) if self.use_cache else None
+        if result is not None:
+            runner.logger.info(f'auto batch size: per-GPU batch {result.batch_size} '
+                               f'from the cache {cache.path} (no search).')
+        else:
+            result = self._search(runner, model, probe, upper)
+            if dist.is_main_process():
+                cache.put(key, result)
+        self.result = result
+        self._apply(runner, current, result.batch_size, world_size)
+
+    # ------------------------------------------------------------------- the search
+    def _build_probe(self, model, optim_wrapper) -> Optional[MemoryProbe]:
+        if isinstance(self.probe, dict):
+            cfg = dict(self.probe)
+            kind = cfg.pop('type', 'ModeledMemoryProbe')
+            if kind != 'ModeledMemoryProbe':
+                raise ValueError(f"AutoBatchSizeHook: probe type {kind!r} unknown; a dict "
+                                 "probe must be type='ModeledMemoryProbe'")
+            optimizers = [w.optimizer for w in optim_wrappers(optim_wrapper)]
+            return ModeledMemoryProbe(model, optimizers=optimizers, **cfg)
+        if self.probe is not None:
+            return self.probe
+        if not torch.cuda.is_available():
+            print_log('AutoBatchSizeHook: no CUDA device, so no memory to fit: keeping '
+                      'the configured batch size. (Pass probe=dict(type='
+                      "'ModeledMemoryProbe', capacity_bytes=...) for a dry run.)",
+                      logger='current', level=logging.WARNING)
+            return None
+        return CudaMemoryProbe()
+
+    def _search(self, runner, model, probe: MemoryProbe, upper: int) -> SearchResult:
+        loader = runner.train_dataloader
+        batches = LargestSampleBatches(loader.dataset, loader.collate_fn,
+                                       num_candidates=self.num_candidates,
+                                       scan_limit=self.scan_limit)
+        finder = BatchSizeFinder(
+            model, runner.optim_wrapper, batches, probe, margin=self.margin,
+            steps_per_trial=self.steps_per_trial,
+            init_batch_size=min(self.init_batch_size, upper), max_batch_size=upper)
+        try:
+            result = finder.search()
+        finally:
+            if isinstance(probe, ModeledMemoryProbe) and isinstance(self.probe, dict):
+                probe.detach()
+        runner.logger.info(
+            f'auto batch size: per-GPU batch {result.batch_size} (this rank: '
+            f'{result.local_batch_size}) after {len(result.trials)} trials in '
+            f'{result.seconds:.1f} s on {result.device_name}, keeping '
+            f'{self.margin:.0%} of memory free.')
+        if result.hit_upper_bound:
+            runner.logger.info(f'auto batch size: every batch up to {upper} fits.')
+        return result
+
+    def _key_parts(self, runner, model, probe: MemoryProbe, world_size: int,
+                   upper: int) -> Dict[str, Any]:
+        """What decides the result: model, data, optimizer, devices, search settings."""
+        cfg = runner.cfg
+        loader_cfg = cfg.get('train_dataloader') or {}
+        optim_cfg = copy.deepcopy(cfg.get('optim_wrapper') or {})
+        optim_cfg.pop('accumulative_counts', None)  # set by this hook
+        if isinstance(optim_cfg.get('optimizer'), dict):
+            optim_cfg['optimizer'].pop('lr', None)  # may be scaled by this hook
+        dataset = runner.train_dataloader.dataset
+        return dict(
+            model=cfg.get('model') or repr(model),
+            dataset=loader_cfg.get('dataset') or f'{type(dataset).__name__}:{len(dataset)}',
+            optim_wrapper=optim_cfg or repr(runner.optim_wrapper.optimizer),
+            activation_checkpointing=cfg.get('activation_checkpointing'),
+            world_size=world_size, device=probe.device_name(),
+            capacity_bytes=probe.capacity_bytes(), torch=torch.__version__,
+            search=dict(margin=self.margin, steps=self.steps_per_trial,
+                        init=self.init_batch_size, max=upper, adjust=self.adjust,
+                        candidates=self.num_candidates, scan_limit=self.scan_limit))
+
+    # ------------------------------------------------------- applying the batch size
+    @staticmethod
+    def _current(runner, world_size: int) -> Dict[str, int]:
+        """Per-GPU batch, accumulation and effective batch the runner was built with."""
+        loader = runner.train_dataloader
+        batch = loader.batch_size
+        if batch is None:  # a batch_sampler decides the batch size
+            batch = getattr(loader.batch_sampler, 'batch_size', None)
+        if batch is None:
+            raise ValueError('AutoBatchSizeHook: cannot read the train dataloader\'s '
+                             'batch size; set train_dataloader.batch_size.')
+        accumulation = optim_wrappers(runner.optim_wrapper)[0]._accumulative_counts
+        return dict(batch=batch, accumulation=accumulation,
+                    total=batch * world_size * accumulation)
+
+    def _upper_bound(self, runner, current: Dict[str, int], world_size: int) -> int:
+        scaling = runner.cfg.get('scaling') or {}
+        fixed = scaling.get('per_gpu_batch_size')
+        if fixed not in (None, 'auto'):
+            raise ValueError(
+                f'AutoBatchSizeHook chooses the per-GPU batch, but scaling.'
+                f'per_gpu_batch_size={fixed!r} fixes it: set it to \'auto\' (or remove '
+                'it), or remove the hook.')
+        if self.adjust == 'accumulation':
+            total = scaling.get('total_batch_size', current['total'])
+            upper = total // world_size  # a larger per-GPU batch could not be used
+        else:
+            upper = 256
+        if self.max_batch_size is not None:
+            upper = min(upper, self.max_batch_size)
+        if scaling.get('max_per_gpu_batch_size') is not None:
+            upper = min(upper, scaling['max_per_gpu_batch_size'])
+        return max(upper, 1)
+
+    def _make_plan(self, runner, current: Dict[str, int], found: int, world_size: int):
+        from ..engine.scaling_recipe import make_plan, recorded_plan
+        scaling = runner.cfg.get('scaling') or {}
+        recorded = recorded_plan(runner.cfg)
+        if recorded is None and current['accumulation'] > 1:
+            raise ValueError(
+                f'AutoBatchSizeHook: the config accumulates gradients over '
+                f'{current["accumulation"]} steps without a scaling recipe, so its '
+                'iteration counts are micro-steps that a new accumulation would change. '
+                'State the effective batch with scaling = dict(total_batch_size='
+                f'{current["total"]}) and remove the accumulation setting.')
+        if self.adjust == 'accumulation':
+            total = scaling.get('total_batch_size', current['total'])
+            base = scaling.get('base_batch_size',
+                               recorded.base_batch if recorded else None)
+            rule = scaling.get('lr_scaling', recorded.lr_scaling if recorded else 'none')
+            return make_plan(total, world_size, max_per_gpu_batch=found,
+                             base_batch_size=base, lr_scaling=rule)
+        base = scaling.get('base_batch_size', scaling.get('total_batch_size',
+                                                          current['total']))
+        return make_plan(found * world_size, world_size, per_gpu_batch=found,
+                         base_batch_size=base, lr_scaling=self.lr_scaling)
+
+    def _apply(self, runner, current: Dict[str, int], found: int, world_size: int) -> None:
+        """Make the built runner train with the plan for ``found``.
+
+        The scaling recipe's :func:`apply_plan` writes the plan into a copy of the
+        config (batch, accumulation, LR, iteration counts as optimizer steps); the parts
+        of the runner built from those values are then replaced or updated.
+        """
+        from ..engine.scaling_recipe import apply_plan, format_plan, recorded_plan
+        if runner.cfg.get('train_dataloader') is None or \
+                runner.cfg.get('optim_wrapper') is None:
+            raise ValueError('AutoBatchSizeHook needs a Runner built from a config '
+                             '(Runner.from_cfg) with train_dataloader and optim_wrapper.')
+        plan = self._make_plan(runner, current, found, world_size)
+        old = recorded_plan(runner.cfg)
+        cfg = apply_plan(copy.deepcopy(runner.cfg), plan)
+        if plan.per_gpu_batch != current['batch']:
+            self._replace_dataloader(runner, plan.per_gpu_batch)
+        _update_loop(runner.train_loop, cfg.get('train_cfg') or {})
+        for wrapper in optim_wrappers(runner.optim_wrapper):
+            wrapper._accumulative_counts = plan.accumulation
+        lr_ratio = plan.lr_scale / (old.lr_scale if old is not None else 1.0)
+        if lr_ratio != 1:
+            _scale_lr(runner.optim_wrapper, lr_ratio)
+        _update_checkpoint_interval(runner, cfg)
+        if runner.param_schedulers is not None:
+            _rebuild_schedulers(runner, cfg)
+        runner.cfg = cfg  # checkpoints record the config in use
+        self.plan = plan
+        runner.logger.info('auto batch size:\n' + format_plan(plan))
+
+    @staticmethod
+    def _replace_dataloader(runner, batch_size: int) -> None:
+        loop = runner.train_loop
+        loader_cfg = runner._train_dataloader
+        if not isinstance(loader_cfg, dict):
+            raise TypeError('AutoBatchSizeHook needs train_dataloader as a config dict '
+                            'to rebuild it with a new batch size, got a built '
+                            f'{type(loader_cfg).__name__}.')
+        loader_cfg = copy.copy(loader_cfg)
+        dataset = loop.dataloader.dataset
+        if loader_cfg.get('num_batch_per_epoch') is not None:
+            dataset = getattr(dataset, '_dataset', dataset)  # it is sliced again
+        loader_cfg['dataset'] = dataset  # built once; only the loader changes
+        loader_cfg['batch_size'] = batch_size
+        diff_rank_seed = runner._randomness_cfg.get('diff_rank_seed', False)
+        loop.dataloader = runner.build_dataloader(
+            loader_cfg, seed=runner.seed, diff_rank_seed=diff_rank_seed)
+        if isinstance(loop, IterBasedTrainLoop):
+            loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
+
+
+def _update_loop(loop: BaseLoop, train_cfg: dict) -> None:
+    """Loop length and validation schedule for the new batch / accumulation."""
+    if isinstance(loop, EpochBasedTrainLoop):
+        loop._max_iters = loop.max_epochs * len(loop.dataloader)
+    elif isinstance(loop, IterBasedTrainLoop):
+        loop._max_iters = int(train_cfg.get('max_iters', loop.max_iters))
+    else:
+        raise TypeError(f'AutoBatchSizeHook: unsupported train loop {type(loop).__name__};'
+                        ' use EpochBasedTrainLoop or IterBasedTrainLoop.')
+    loop.val_begin = train_cfg.get('val_begin', loop.val_begin)
+    loop.val_interval = train_cfg.get('val_interval', loop.val_interval)
+    loop.dynamic_milestones, loop.dynamic_intervals = calc_dynamic_intervals(
+        loop.val_interval, train_cfg.get('dynamic_intervals'))
+
+
+def _update_checkpoint_interval(runner, cfg) -> None:
+    """An iteration-based checkpoint interval counts optimizer steps in the recipe."""
+    ckpt = (cfg.get('default_hooks') or {}).get('checkpoint')
+    if not isinstance(ckpt, dict) or 'interval' not in ckpt:
+        return
+    for hook in runner.hooks:
+        if isinstance(hook, CheckpointHook):
+            hook.interval = ckpt['interval']
+
+
+def _rebuild_schedulers(runner, cfg) -> None:
+    """Schedulers converted from epochs, or ending at the loop's end, depend on the
+    loop length: build them again from the config, as the runner did."""
+    sched_cfg = cfg.get('param_scheduler')
+    if sched_cfg is None:
+        return
+    _reset_to_initial(runner.optim_wrapper)
+    runner.param_schedulers = runner.build_param_scheduler(copy.deepcopy(sched_cfg))
+
+
+def _reset_to_initial(optim_wrapper) -> None:
+    """Undo the schedulers' first step: every ``initial_x`` back into ``x``."""
+    for wrapper in optim_wrappers(optim_wrapper):
+        for group in wrapper.optimizer.param_groups:
+            for key in [k for k in group if k.startswith('initial_')]:
+                group[key[len('initial_'):]] = group[key]
+
+
+def _scale_lr(optim_wrapper, factor: float) -> None:
+    for wrapper in optim_wrappers(optim_wrapper):
+        for group in wrapper.optimizer.param_groups:
+            group['lr'] *= factor
+            if 'initial_lr' in group:
+                group['initial_lr'] *= factor
