@@ -33,8 +33,44 @@ def add_kitti_parser(subparsers) -> None:
     parser.set_defaults(func=run_kitti)
 
 
+def run_nuscenes(args: argparse.Namespace) -> dict:
+    from mmdet3d_scaling.datasets.synthetic.nuscenes import (NuScenesSyntheticConfig,
+                                                             generate_nuscenes)
+    cfg = NuScenesSyntheticConfig(
+        out_dir=args.out, train_frames=args.train_frames, val_frames=args.val_frames,
+        seed=args.seed, version=args.version, samples_per_scene=args.samples_per_scene,
+        sweeps=args.sweeps, image_size=(900, 1600) if args.full_res else tuple(args.image_size),
+        objects_per_sample=args.objects, overwrite=args.overwrite)
+    return generate_nuscenes(cfg, progress=not args.no_progress)
+
+
+def add_nuscenes_parser(subparsers) -> None:
+    parser = subparsers.add_parser(
+        'nuscenes', help="nuScenes layout: LiDAR + sweeps, 6 cameras, v2 infos and the "
+        "database tables (mmdet3d's NuScenesDataset and NuScenesMetric)")
+    _common(parser, 'data/synthetic_nuscenes')
+    parser.set_defaults(train_frames=120, val_frames=40)
+    parser.add_argument('--version', default='v1.0-trainval',
+                        choices=['v1.0-trainval', 'v1.0-mini'],
+                        help='table version; v1.0-trainval is what NuScenesDataset assumes')
+    parser.add_argument('--samples-per-scene', type=int, default=10,
+                        help='key frames per scene (real nuScenes: ~40)')
+    parser.add_argument('--sweeps', type=int, default=3,
+                        help='non-key LiDAR sweeps before each key frame (0-9)')
+    parser.add_argument('--image-size', type=int, nargs=2, default=[256, 704],
+                        metavar=('H', 'W'), help='camera image height and width')
+    parser.add_argument('--full-res', action='store_true',
+                        help='real nuScenes images, 900 x 1600 (overrides --image-size)')
+    parser.add_argument('--objects', type=int, default=20,
+                        help='annotated objects around the car per key frame (about)')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='write into a non-empty --out')
+    parser.set_defaults(func=run_nuscenes)
+
+
 #: subcommand name -> function adding its parser (a new format: add one entry)
-SUBCOMMANDS: Dict[str, Callable] = {'kitti': add_kitti_parser}
+SUBCOMMANDS: Dict[str, Callable] = {'kitti': add_kitti_parser,
+                                    'nuscenes': add_nuscenes_parser}
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
