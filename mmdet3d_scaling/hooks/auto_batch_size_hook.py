@@ -113,6 +113,13 @@ class AutoBatchSizeHook(Hook):
         probe = self._build_probe(model, runner.optim_wrapper)
         if probe is None:
             return
+        try:
+            self._find_and_apply(runner, model, probe)
+        finally:
+            if isinstance(self.probe, dict):  # built here: take its forward hook off
+                probe.detach()
+
+    def _find_and_apply(self, runner, model, probe: MemoryProbe) -> None:
         world_size = dist.get_world_size()
         current = self._current(runner, world_size)
         upper = self._upper_bound(runner, current, world_size)
@@ -158,11 +165,7 @@ class AutoBatchSizeHook(Hook):
             model, runner.optim_wrapper, batches, probe, margin=self.margin,
             steps_per_trial=self.steps_per_trial,
             init_batch_size=min(self.init_batch_size, upper), max_batch_size=upper)
-        try:
-            result = finder.search()
-        finally:
-            if isinstance(probe, ModeledMemoryProbe) and isinstance(self.probe, dict):
-                probe.detach()
+        result = finder.search()
         runner.logger.info(
             f'auto batch size: per-GPU batch {result.batch_size} (this rank: '
             f'{result.local_batch_size}) after {len(result.trials)} trials in '
@@ -209,6 +212,19 @@ class AutoBatchSizeHook(Hook):
                     total=batch * world_size * accumulation)
 
     def _upper_bound(self, runner, current: Dict[str, int], world_size: int) -> int:
+        """Largest batch worth trying; checks the setting can be changed at all."""
+        from ..engine.scaling_recipe import recorded_plan
+        if runner.cfg.get('train_dataloader') is None or \
+                runner.cfg.get('optim_wrapper') is None:
+            raise ValueError('AutoBatchSizeHook needs a Runner built from a config '
+                             '(Runner.from_cfg) with train_dataloader and optim_wrapper.')
+        if recorded_plan(runner.cfg) is None and current['accumulation'] > 1:
+            raise ValueError(
+                f'AutoBatchSizeHook: the config accumulates gradients over '
+                f'{current["accumulation"]} steps without a scaling recipe, so its '
+                'iteration counts are micro-steps that a new accumulation would change. '
+                'State the effective batch with scaling = dict(total_batch_size='
+                f'{current["total"]}) and remove the accumulation setting.')
         scaling = runner.cfg.get('scaling') or {}
         fixed = scaling.get('per_gpu_batch_size')
         if fixed not in (None, 'auto'):
@@ -231,13 +247,6 @@ class AutoBatchSizeHook(Hook):
         from ..engine.scaling_recipe import make_plan, recorded_plan
         scaling = runner.cfg.get('scaling') or {}
         recorded = recorded_plan(runner.cfg)
-        if recorded is None and current['accumulation'] > 1:
-            raise ValueError(
-                f'AutoBatchSizeHook: the config accumulates gradients over '
-                f'{current["accumulation"]} steps without a scaling recipe, so its '
-                'iteration counts are micro-steps that a new accumulation would change. '
-                'State the effective batch with scaling = dict(total_batch_size='
-                f'{current["total"]}) and remove the accumulation setting.')
         if self.adjust == 'accumulation':
             total = scaling.get('total_batch_size', current['total'])
             base = scaling.get('base_batch_size',
@@ -258,18 +267,13 @@ class AutoBatchSizeHook(Hook):
         of the runner built from those values are then replaced or updated.
         """
         from ..engine.scaling_recipe import apply_plan, format_plan, recorded_plan
-        if runner.cfg.get('train_dataloader') is None or \
-                runner.cfg.get('optim_wrapper') is None:
-            raise ValueError('AutoBatchSizeHook needs a Runner built from a config '
-                             '(Runner.from_cfg) with train_dataloader and optim_wrapper.')
         plan = self._make_plan(runner, current, found, world_size)
         old = recorded_plan(runner.cfg)
         cfg = apply_plan(copy.deepcopy(runner.cfg), plan)
         if plan.per_gpu_batch != current['batch']:
             self._replace_dataloader(runner, plan.per_gpu_batch)
         _update_loop(runner.train_loop, cfg.get('train_cfg') or {})
-        for wrapper in optim_wrappers(runner.optim_wrapper):
-            wrapper._accumulative_counts = plan.accumulation
+        _set_accumulation(runner, plan.accumulation)
         lr_ratio = plan.lr_scale / (old.lr_scale if old is not None else 1.0)
         if lr_ratio != 1:
             _scale_lr(runner.optim_wrapper, lr_ratio)
@@ -314,6 +318,16 @@ def _update_loop(loop: BaseLoop, train_cfg: dict) -> None:
     loop.val_interval = train_cfg.get('val_interval', loop.val_interval)
     loop.dynamic_milestones, loop.dynamic_intervals = calc_dynamic_intervals(
         loop.val_interval, train_cfg.get('dynamic_intervals'))
+
+
+def _set_accumulation(runner, accumulation: int) -> None:
+    """The optim wrapper's count, and GradientCumulativeOptimizerHook's if present
+    (its ``before_run`` runs after this hook's and checks that both agree)."""
+    for wrapper in optim_wrappers(runner.optim_wrapper):
+        wrapper._accumulative_counts = accumulation
+    for hook in runner.hooks:
+        if type(hook).__name__ == 'GradientCumulativeOptimizerHook':
+            hook.cumulative_iters = accumulation
 
 
 def _update_checkpoint_interval(runner, cfg) -> None:

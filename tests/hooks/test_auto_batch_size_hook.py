@@ -1,0 +1,180 @@
+"""AutoBatchSizeHook in a real mmengine Runner training the demo PointPillars on
+synthetic KITTI-format data; a modelled device (1 MiB per sample) stands in for the GPU.
+
+With capacity 5 MiB and the default 10 % margin, 4 samples fit and 5 do not."""
+import json
+import os.path as osp
+from typing import List
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+
+import mmdet3d_scaling  # noqa: F401  (registers the hooks, wraps Runner.from_cfg)
+from mmdet3d_scaling.engine.auto_batch_size import configure_auto_batch_size
+from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook
+from tests.auto_batch_size_common import data_root_for_tests, demo_config
+
+MiB = 2**20
+
+
+def probe(per_sample: float = MiB) -> dict:
+    return dict(type='ModeledMemoryProbe', capacity_bytes=5 * MiB, fixed_bytes=0,
+                bytes_per_sample=per_sample)
+
+
+class BatchRecorder(Hook):
+    """Records the batch each training iteration really received, and whether the
+    optimizer stepped after it."""
+
+    priority = 'LOWEST'
+
+    def __init__(self):
+        self.batches: List[int] = []
+        self.stepped: List[bool] = []
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.batches.append(len(data_batch['data_samples']))
+        self.stepped.append(runner.optim_wrapper.should_update())
+
+
+@pytest.fixture(scope='module')
+def data_root(tmp_path_factory):
+    return data_root_for_tests(str(tmp_path_factory.mktemp('abs_hook_data')))
+
+
+def _hooks(runner, kind):
+    return [h for h in runner.hooks if isinstance(h, kind)]
+
+
+def _run(cfg: Config, **hook_args) -> Runner:
+    hooks = list(cfg.get('custom_hooks') or [])
+    if hook_args:
+        hooks.append(dict(type='AutoBatchSizeHook', steps_per_trial=1, **hook_args))
+    cfg.custom_hooks = hooks + [BatchRecorder()]
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    return runner
+
+
+def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path):
+    work_dir = str(tmp_path / 'work')
+    cfg = demo_config(data_root, work_dir, batch_size=8, max_iters=2)
+    lr = cfg.optim_wrapper.optimizer.lr
+    runner = _run(cfg, probe=probe())
+    hook = _hooks(runner, AutoBatchSizeHook)[0]
+    rec = _hooks(runner, BatchRecorder)[0]
+    assert hook.result.batch_size == 4 and not hook.result.from_cache
+    assert [t.batch_size for t in hook.result.trials] == [1, 2, 4, 8, 6, 5]
+    assert (hook.plan.per_gpu_batch, hook.plan.accumulation, hook.plan.total_batch) == \
+        (4, 2, 8)
+    # 2 optimizer steps of 8 samples as configured: 4 iterations of 4, stepping on 2nd
+    assert rec.batches == [4, 4, 4, 4]
+    assert rec.stepped == [False, True, False, True]
+    assert runner.optim_wrapper._accumulative_counts == 2
+    assert runner.train_dataloader.batch_size == 4
+    # the LR schedule still spans the run: 2 optimizer steps = 4 loop iterations
+    assert runner.param_schedulers[0].end == 4
+    group = runner.optim_wrapper.optimizer.param_groups[0]
+    assert group['initial_lr'] == pytest.approx(lr)
+    assert osp.isfile(osp.join(work_dir, 'iter_4.pth'))
+    cached = json.load(open(osp.join(work_dir, 'auto_batch_size.json')))
+    assert [e['batch_size'] for e in cached.values()] == [4]
+    # the config in checkpoints records what was used
+    assert runner.cfg.train_dataloader.batch_size == 4
+    assert runner.cfg.optim_wrapper.accumulative_counts == 2
+
+    # resume: same setting, so the cached result is used. The probe now says 2 MiB a
+    # sample (not part of the cache key): a new search would pick 2, the cache says 4.
+    cfg = demo_config(data_root, work_dir, batch_size=8, max_iters=3)
+    cfg.resume = True
+    runner = _run(cfg, probe=probe(per_sample=2 * MiB))
+    hook = _hooks(runner, AutoBatchSizeHook)[0]
+    rec = _hooks(runner, BatchRecorder)[0]
+    assert hook.result.from_cache and hook.result.batch_size == 4
+    assert rec.batches == [4, 4] and runner.iter == 6  # iterations 5 and 6 of 6
+
+
+def test_scaling_recipe_with_auto_per_gpu_batch(data_root, tmp_path):
+    cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
+    cfg.scaling = dict(total_batch_size=8, per_gpu_batch_size='auto')
+    cfg.auto_batch_size = dict(probe=probe(), steps_per_trial=1)
+    runner = _run(cfg)
+    hook = _hooks(runner, AutoBatchSizeHook)[0]
+    rec = _hooks(runner, BatchRecorder)[0]
+    assert hook.result.batch_size == 4
+    assert rec.batches == [4, 4] and rec.stepped == [False, True]
+    assert runner.cfg.scaling_plan['plan']['per_gpu_batch'] == 4
+
+
+def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
+    cfg = demo_config(data_root, str(tmp_path), batch_size=8)
+    cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=1)
+    cfg.train_dataloader.sampler = dict(type='DefaultSampler', shuffle=False)
+    cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=True,
+                                convert_to_iter_based=True, begin=0, end=1)]
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
+    runner = _run(cfg, probe=probe())
+    rec = _hooks(runner, BatchRecorder)[0]
+    assert rec.batches == [4, 4]  # 8 frames, batch 4
+    assert runner.train_loop.max_iters == 2
+    assert runner.param_schedulers[0].end == 2  # one epoch = 2 iterations now
+
+
+def test_scale_lr_instead_of_accumulating(data_root, tmp_path):
+    cfg = demo_config(data_root, str(tmp_path), batch_size=8, max_iters=1)
+    lr = cfg.optim_wrapper.optimizer.lr
+    runner = _run(cfg, probe=probe(), adjust='lr', lr_scaling='linear')
+    rec = _hooks(runner, BatchRecorder)[0]
+    assert rec.batches == [4] and rec.stepped == [True]
+    assert runner.optim_wrapper._accumulative_counts == 1
+    group = runner.optim_wrapper.optimizer.param_groups[0]
+    assert group['initial_lr'] == pytest.approx(lr * 0.5)  # total 8 -> 4
+
+
+def test_without_cuda_and_probe_it_keeps_the_batch(data_root, tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip('this machine has a GPU: the hook would search on it')
+    cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
+    runner = _run(cfg, steps_per_trial=1)
+    hook = _hooks(runner, AutoBatchSizeHook)[0]
+    assert hook.result is None
+    assert _hooks(runner, BatchRecorder)[0].batches == [2]
+
+
+def test_conflicting_settings_are_errors(data_root, tmp_path):
+    cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
+    cfg.optim_wrapper.accumulative_counts = 2
+    with pytest.raises(ValueError, match='without a scaling recipe'):
+        _run(cfg, probe=probe())
+    with pytest.raises(ValueError, match="adjust='sideways'"):
+        AutoBatchSizeHook(adjust='sideways')
+    with pytest.raises(ValueError, match='margin'):
+        AutoBatchSizeHook(margin=1.5)
+
+
+# ------------------------------------------------------------------ config switch
+def test_config_switch():
+    cfg = Config(dict(scaling=dict(total_batch_size=8, per_gpu_batch_size='auto')))
+    configure_auto_batch_size(cfg)
+    assert cfg.scaling.per_gpu_batch_size is None
+    assert [h['type'] for h in cfg.custom_hooks] == ['AutoBatchSizeHook']
+    configure_auto_batch_size(cfg)  # idempotent
+    assert len(cfg.custom_hooks) == 1
+
+    cfg = Config(dict(auto_batch_size=dict(margin=0.2)))
+    configure_auto_batch_size(cfg)
+    assert cfg.custom_hooks == [dict(type='AutoBatchSizeHook', margin=0.2)]
+    assert 'auto_batch_size' not in cfg
+
+    cfg = Config(dict(auto_batch_size=True,
+                      custom_hooks=[dict(type='AutoBatchSizeHook')]))
+    with pytest.raises(ValueError, match='in one place'):
+        configure_auto_batch_size(cfg)
+    with pytest.raises(ValueError, match='must be a dict'):
+        configure_auto_batch_size(Config(dict(auto_batch_size='yes')))
+    cfg = Config(dict(auto_batch_size=False, scaling=dict(per_gpu_batch_size='auto')))
+    with pytest.raises(ValueError, match='contradicts'):
+        configure_auto_batch_size(cfg)

@@ -1,0 +1,243 @@
+#!/usr/bin/env python
+"""Benchmark the auto batch size: search time, how close to the limit, no OOM after.
+
+For one config, on one device:
+
+1. builds the real Runner with ``AutoBatchSizeHook`` (cache off) and lets it search:
+   ``search s`` and the per-GPU batch ``found`` (safety margin ``--margin``);
+2. trains ``--iters`` iterations (default 300) with the plan it chose, catching an
+   out-of-memory error: ``OOM in training`` and the peak memory of those iterations;
+3. separately, finds the largest batch that really fits on the same largest-sample
+   batches with no margin (growing from ``found`` until OOM, then bisecting):
+   ``largest``; ``found / largest`` is the figure for the >= 90 % target.
+
+Prints a table and writes JSON (``--out``, default ``WORK_DIR/benchmark_auto_batch_size
+.json``). Targets (issue 3): found >= 0.9 x largest, search < 60 s, no OOM.
+
+On a GPU the CUDA allocator is measured. ``--probe modeled`` is a dry run on a CPU: a
+modelled device (``--capacity-mib``, ``--mib-per-sample``, ``--bytes-per-element``)
+raises a real ``torch.cuda.OutOfMemoryError`` above its capacity, also during step 2.
+
+Usage::
+
+    python tools/benchmark_auto_batch_size.py CONFIG [--iters 300] [--margin 0.1]
+    python tools/benchmark_auto_batch_size.py configs/demo/pointpillars_synthetic_kitti_cpu.py \\
+        --probe modeled --capacity-mib 64 --mib-per-sample 8 --iters 5
+"""
+import argparse
+import json
+import os
+import os.path as osp
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+from mmengine.config import Config, DictAction
+from mmengine.hooks import Hook
+from mmengine.model import is_model_wrapper
+from mmengine.runner import Runner
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import mmdet3d_scaling  # noqa: E402,F401
+from mmdet3d_scaling.engine.batch_size_finder import (  # noqa: E402
+    BatchSizeFinder, LargestSampleBatches, is_out_of_memory)
+from mmdet3d_scaling.engine.memory_probe import (  # noqa: E402
+    CudaMemoryProbe, ModeledMemoryProbe)
+from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook  # noqa: E402
+
+MiB = 2**20
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('config')
+    p.add_argument('--work-dir', help='default: work_dirs/benchmark_auto_batch_size')
+    p.add_argument('--iters', type=int, default=300, help='training iterations after '
+                   'the search (default 300)')
+    p.add_argument('--margin', type=float, default=0.1, help='share of memory kept free')
+    p.add_argument('--steps-per-trial', type=int, default=2)
+    p.add_argument('--max-batch-size', type=int, default=512,
+                   help='largest per-GPU batch tried (search and the no-margin check)')
+    p.add_argument('--adjust', choices=('lr', 'accumulation'), default='lr',
+                   help="'lr' (default) trains with exactly the batch found; "
+                   "'accumulation' keeps the config's total batch (caps the search)")
+    p.add_argument('--probe', choices=('auto', 'cuda', 'modeled'), default='auto',
+                   help="'auto': cuda when available, else modeled")
+    p.add_argument('--capacity-mib', type=float, default=256.0, help='modeled device')
+    p.add_argument('--mib-per-sample', type=float, default=16.0, help='modeled device')
+    p.add_argument('--bytes-per-element', type=float, default=0.0, help='modeled device')
+    p.add_argument('--out', help='JSON output path')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    return p.parse_args(argv)
+
+
+def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
+    optimizers = [] if optim_wrapper is None else [optim_wrapper.optimizer]
+    return ModeledMemoryProbe(model, capacity_bytes=int(args.capacity_mib * MiB),
+                              bytes_per_sample=args.mib_per_sample * MiB,
+                              bytes_per_element=args.bytes_per_element,
+                              optimizers=optimizers)
+
+
+class TrainingWatch(Hook):
+    """Peak memory and time of the training iterations after the search."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, args):
+        self.args = args
+        self.probe = None
+        self.iters = 0
+        self.start = self.seconds = None
+        self.peak_bytes: Optional[int] = None
+
+    def before_train(self, runner) -> None:  # after the search (before_run)
+        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        if self.args.probe == 'modeled':
+            self.probe = _modeled(self.args, model, runner.optim_wrapper)
+        else:
+            self.probe = CudaMemoryProbe()
+        self.probe.release()
+        self.probe.reset()
+        self.start = time.perf_counter()
+
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        self.iters += 1
+
+    def finish(self) -> None:
+        if self.probe is not None and self.start is not None:
+            self.seconds = time.perf_counter() - self.start
+            self.peak_bytes = self.probe.peak_bytes()
+            if isinstance(self.probe, ModeledMemoryProbe):
+                self.probe.detach()
+
+
+def build_runner(args, watch: TrainingWatch) -> Runner:
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    cfg.work_dir = args.work_dir or osp.join('work_dirs', 'benchmark_auto_batch_size')
+    cfg.launcher = cfg.get('launcher', 'none')
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=args.iters,
+                         val_interval=10**9)
+    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader',
+                'test_cfg', 'test_evaluator'):
+        cfg[key] = None
+    cfg.param_scheduler = None  # the benchmark measures memory, not convergence
+    cfg.train_dataloader.sampler = dict(type='InfiniteSampler', shuffle=True)
+    hooks = dict(cfg.get('default_hooks') or {})
+    hooks['checkpoint'] = dict(type='CheckpointHook', interval=10**9, by_epoch=False,
+                               save_last=False)
+    hooks.pop('visualization', None)
+    cfg.default_hooks = hooks
+    cfg.pop('auto_batch_size', None)
+    if (cfg.get('scaling') or {}).get('per_gpu_batch_size') == 'auto':
+        cfg.scaling.per_gpu_batch_size = None
+    probe = None
+    if args.probe == 'modeled':
+        probe = dict(type='ModeledMemoryProbe', capacity_bytes=int(args.capacity_mib * MiB),
+                     bytes_per_sample=args.mib_per_sample * MiB,
+                     bytes_per_element=args.bytes_per_element)
+    search = AutoBatchSizeHook(margin=args.margin, steps_per_trial=args.steps_per_trial,
+                               max_batch_size=args.max_batch_size, adjust=args.adjust,
+                               use_cache=False, probe=probe)
+    cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
+                        if not (isinstance(h, dict) and h.get('type') ==
+                                'AutoBatchSizeHook')] + [search, watch]
+    return Runner.from_cfg(cfg)
+
+
+def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
+    """The largest batch that really fits (no margin), growing from ``found``."""
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    loader = runner.train_dataloader
+    probe = _modeled(args, model, runner.optim_wrapper) if args.probe == 'modeled' \
+        else CudaMemoryProbe()
+    finder = BatchSizeFinder(
+        model, runner.optim_wrapper, LargestSampleBatches(loader.dataset,
+                                                          loader.collate_fn),
+        probe, margin=0.0, steps_per_trial=args.steps_per_trial,
+        init_batch_size=min(found, args.max_batch_size),
+        max_batch_size=args.max_batch_size)
+    try:
+        result = finder.search()
+    finally:
+        if isinstance(probe, ModeledMemoryProbe):
+            probe.detach()
+    return dict(largest=result.batch_size, seconds=result.seconds,
+                capped=result.hit_upper_bound,
+                trials=[t.__dict__ for t in result.trials])
+
+
+def run(args) -> Dict[str, Any]:
+    if args.probe == 'auto':
+        args.probe = 'cuda' if torch.cuda.is_available() else 'modeled'
+    runner = build_runner(args, TrainingWatch(args))
+    # Runner.from_cfg deep-copies the config: use the hook objects the runner holds
+    search = next(h for h in runner.hooks if isinstance(h, AutoBatchSizeHook))
+    watch = next(h for h in runner.hooks if isinstance(h, TrainingWatch))
+    oom_at = None
+    try:
+        runner.train()
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
+        if not is_out_of_memory(exc) or search.result is None:
+            raise
+        oom_at = runner.iter
+    watch.finish()
+    result, plan = search.result, search.plan
+    check = largest_fitting(args, runner, result.batch_size)
+    return dict(
+        config=args.config, device=result.device_name, probe=args.probe,
+        capacity_gib=result.capacity_bytes / 2**30, margin=result.margin,
+        found=result.batch_size, search_seconds=result.seconds,
+        search_trials=[t.__dict__ for t in result.trials],
+        per_gpu_batch=plan.per_gpu_batch, accumulation=plan.accumulation,
+        largest=check['largest'], largest_capped=check['capped'],
+        ratio=result.batch_size / check['largest'], check_seconds=check['seconds'],
+        iters_requested=args.iters, iters_done=watch.iters, oom_in_training=oom_at is not None,
+        oom_at_iter=oom_at, train_seconds=watch.seconds,
+        train_peak_gib=None if watch.peak_bytes is None else watch.peak_bytes / 2**30,
+        targets=dict(ratio_ge_0_9=result.batch_size >= 0.9 * check['largest'],
+                     search_lt_60s=result.seconds < 60, no_oom=oom_at is None))
+
+
+def table(r: Dict[str, Any]) -> str:
+    rows = [
+        ('device', f'{r["device"]} ({r["probe"]}), {r["capacity_gib"]:.2f} GiB'),
+        ('margin', f'{r["margin"]:.0%}'),
+        ('found (per-GPU batch)', f'{r["found"]} after {len(r["search_trials"])} trials'),
+        ('search time', f'{r["search_seconds"]:.1f} s'),
+        ('largest that fits (no margin)',
+         f'{r["largest"]}' + (' (cap reached)' if r['largest_capped'] else '')),
+        ('found / largest', f'{r["ratio"]:.2f}'),
+        ('trained with', f'{r["per_gpu_batch"]} x {r["accumulation"]} accumulation'),
+        ('iterations', f'{r["iters_done"]} of {r["iters_requested"]}'),
+        ('OOM in training', 'yes, at iteration %s' % r['oom_at_iter']
+         if r['oom_in_training'] else 'no'),
+        ('training peak', 'n/a' if r['train_peak_gib'] is None
+         else f'{r["train_peak_gib"]:.2f} GiB'),
+        ('targets', ', '.join(f'{k}={"PASS" if v else "FAIL"}'
+                              for k, v in r['targets'].items())),
+    ]
+    w = max(len(k) for k, _ in rows)
+    return '\n'.join(f'{k.ljust(w)} | {v}' for k, v in rows)
+
+
+def main(argv=None) -> Dict[str, Any]:
+    args = parse_args(argv)
+    result = run(args)
+    print(table(result))
+    out = args.out or osp.join(args.work_dir or osp.join('work_dirs',
+                                                         'benchmark_auto_batch_size'),
+                               'benchmark_auto_batch_size.json')
+    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
+    with open(out, 'w') as f:
+        json.dump(result, f, indent=2)
+    print(f'written: {out}')
+    return result
+
+
+if __name__ == '__main__':
+    main()
