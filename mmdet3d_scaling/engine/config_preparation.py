@@ -8,8 +8,9 @@ from mmengine.config import Config
 
 from ..compat.checkpoint import trust_checkpoints
 from ..datasets.preflight import check_data_paths
-from .launcher import resolve_launcher
-from .parallel import configure_devices
+from .launcher import resolve_launcher, world_size
+from .parallel import configure_devices, configure_distributed
+from .scaling_recipe import apply_scaling_recipe
 
 
 def apply_trusted_checkpoints(cfg: Config) -> None:
@@ -25,5 +26,7 @@ def prepare_config(cfg: Config) -> Config:
     cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
     apply_trusted_checkpoints(cfg)
     configure_devices(cfg)
+    apply_scaling_recipe(cfg, world_size(cfg.launcher))  # after accumulation translation
+    configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
     check_data_paths(cfg)  # last: earlier steps may rewrite data paths
     return cfg

@@ -1,0 +1,139 @@
+"""``distributed = dict(...)`` in a config -> model wrapper, process group and seeds.
+
+::
+
+    distributed = dict(
+        find_unused_parameters=False,  # True | False | 'auto' (probe one batch, name them)
+        static_graph=False,            # DDP static_graph
+        gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets
+        bucket_cap_mb=25,              # DDP bucket size, MiB
+        broadcast_buffers=False,       # as mmengine's default wrapper
+        comm_compression=None,         # None | 'fp16' | 'bf16' gradient all-reduce
+        sync_bn=None,                  # None | 'torch' | 'mmcv' | 'naive'
+        timeout_minutes=60,            # collective timeout (env_cfg.dist_cfg.timeout)
+        detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
+    )
+
+Single-process runs keep the bare model (mmengine reverts SyncBN there); the options
+are still validated so a typo fails on a laptop, not on the cluster.
+"""
+import os
+from typing import Any, Dict
+
+import torch
+from mmengine.config import Config
+from mmengine.logging import print_log
+
+from .ddp_wrapper import COMM_COMPRESSIONS
+from .sync_bn import IMPLEMENTATIONS
+
+WRAPPER = 'ScalingDistributedDataParallel'
+_WRAPPER_TYPES = (None, 'MMDistributedDataParallel', WRAPPER)
+DEFAULTS: Dict[str, Any] = dict(
+    find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=True,
+    bucket_cap_mb=25, broadcast_buffers=False, comm_compression=None, sync_bn=None,
+    timeout_minutes=60, detect_anomalous_params=False)
+_WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_view',
+                 'bucket_cap_mb', 'broadcast_buffers', 'comm_compression', 'sync_bn',
+                 'detect_anomalous_params')
+_BOOL_KEYS = ('static_graph', 'gradient_as_bucket_view', 'broadcast_buffers',
+              'detect_anomalous_params')
+
+
+def _positive_number(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise ValueError(f'distributed.{name} must be a positive number, got {value!r}')
+
+
+def validate_options(options: Dict[str, Any]) -> None:
+    """Bad keys or values in ``distributed`` -> ValueError naming them."""
+    unknown = sorted(set(options) - set(DEFAULTS))
+    if unknown:
+        raise ValueError(f'unknown key(s) in distributed: {", ".join(unknown)}; known '
+                         f'keys: {", ".join(DEFAULTS)}')
+    for key in _BOOL_KEYS:
+        if key in options and not isinstance(options[key], bool):
+            raise ValueError(f'distributed.{key} must be True or False, '
+                             f'got {options[key]!r}')
+    if options.get('find_unused_parameters', False) not in (True, False, 'auto'):
+        raise ValueError("distributed.find_unused_parameters must be True, False or "
+                         f"'auto', got {options['find_unused_parameters']!r}")
+    if options.get('comm_compression') not in COMM_COMPRESSIONS:
+        raise ValueError("distributed.comm_compression must be None, 'fp16' or 'bf16', "
+                         f"got {options['comm_compression']!r}")
+    if options.get('sync_bn') not in (None,) + IMPLEMENTATIONS:
+        raise ValueError(f'distributed.sync_bn must be None or one of {IMPLEMENTATIONS}, '
+                         f"got {options['sync_bn']!r}")
+    for key in ('bucket_cap_mb', 'timeout_minutes'):
+        if options.get(key) is not None:
+            _positive_number(key, options[key])
+
+
+def _merge(name: str, sources: Dict[str, Any]) -> Any:
+    """One value from several places of the config; different values are an error."""
+    given = {where: v for where, v in sources.items() if v is not None}
+    if len(set(map(repr, given.values()))) > 1:
+        listed = ', '.join(f'{where}={v!r}' for where, v in given.items())
+        raise ValueError(f'conflicting {name} settings: {listed}. Keep one of them '
+                         '(preferably in distributed = dict(...)).')
+    return next(iter(given.values()), None)
+
+
+def _configure_timeout(cfg: Config, options: Dict[str, Any]) -> None:
+    dist_cfg = cfg.setdefault('env_cfg', {}).setdefault('dist_cfg', {})
+    configured = dist_cfg.get('timeout')
+    if 'timeout_minutes' in options and options['timeout_minutes'] is not None:
+        seconds = int(options['timeout_minutes'] * 60)
+        if configured is not None and configured != seconds:
+            raise ValueError(
+                f'conflicting timeouts: distributed.timeout_minutes='
+                f"{options['timeout_minutes']} ({seconds} s) and "
+                f'env_cfg.dist_cfg.timeout={configured} s. Keep one of them.')
+        dist_cfg['timeout'] = seconds
+    elif configured is None:
+        dist_cfg['timeout'] = DEFAULTS['timeout_minutes'] * 60
+        print_log(f"Collective timeout: {DEFAULTS['timeout_minutes']} min (long rank-0 "
+                  'evaluations outlast the NCCL default of 10 min); set '
+                  'distributed.timeout_minutes to change it.', logger='current')
+
+
+def _configure_determinism(cfg: Config) -> None:
+    """cuBLAS needs this workspace setting before its first call to be deterministic."""
+    if (cfg.get('randomness') or {}).get('deterministic') and torch.cuda.is_available():
+        os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
+
+
+def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
+    wrapper = dict(cfg.get('model_wrapper_cfg') or {})
+    for key in _WRAPPER_KEYS:
+        top = cfg.get(key) if key in ('find_unused_parameters', 'sync_bn') else None
+        value = _merge(key, {f'distributed.{key}': options.get(key),
+                             f'model_wrapper_cfg.{key}': wrapper.get(key),
+                             key: top})
+        wrapper[key] = DEFAULTS[key] if value is None else value
+    cfg.pop('sync_bn', None)  # the wrapper converts it (mmengine's convert misses cases)
+    if wrapper['find_unused_parameters'] == 'auto':
+        wrapper['probe_dataloader'] = cfg.get('train_dataloader')
+    else:
+        wrapper.pop('probe_dataloader', None)
+    wrapper['type'] = WRAPPER
+    return wrapper
+
+
+def configure_distributed(cfg: Config) -> Config:
+    """``prepare_config`` step: apply ``cfg.distributed`` (see the module docstring)."""
+    options = dict(cfg.get('distributed') or {})
+    validate_options(options)
+    _configure_determinism(cfg)
+    if cfg.get('launcher', 'none') == 'none':
+        return cfg
+    _configure_timeout(cfg, options)
+    kind = (cfg.get('model_wrapper_cfg') or {}).get('type')
+    if kind not in _WRAPPER_TYPES:
+        if options:
+            raise ValueError(
+                f'distributed = dict(...) needs the {WRAPPER} model wrapper, but the '
+                f'config sets model_wrapper_cfg.type={kind!r}; remove one of them.')
+        return cfg
+    cfg.model_wrapper_cfg = _wrapper_cfg(cfg, options)
+    return cfg

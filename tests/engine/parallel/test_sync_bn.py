@@ -1,0 +1,126 @@
+"""SyncBN conversion on a real mmdet3d SparseEncoder (BatchNorm1d in spconv containers).
+
+The multi-process check (statistics really synchronised over gloo) is in
+``test_ddp_runner.py``; these run in one process.
+"""
+import pytest
+import torch
+from mmengine.model import BaseModel
+from mmengine.model.utils import convert_sync_batchnorm as mmengine_convert
+from mmengine.runner import Runner
+from torch import nn
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d.registry import MODELS
+from mmdet3d_scaling.engine.parallel.sync_bn import (convert_sync_bn, norm_layer_counts,
+                                                     resolve_implementation)
+
+spconv = pytest.importorskip('spconv.pytorch')
+SPARSE_SHAPE = [21, 24, 24]
+
+
+def build_encoder(norm_type: str = 'BN1d') -> nn.Module:
+    """A small SECOND-style SparseEncoder from mmdet3d's registry."""
+    return MODELS.build(dict(
+        type='SparseEncoder', in_channels=4, sparse_shape=SPARSE_SHAPE,
+        norm_cfg=dict(type=norm_type, eps=1e-3, momentum=0.01), base_channels=8,
+        output_channels=16, encoder_channels=((8, ), (8, 8), (16, 16), (16, 16)),
+        encoder_paddings=((1, ), (1, 1), (1, 1), ((0, 1, 1), 1))))
+
+
+def sparse_input(seed: int = 0, n: int = 300):
+    gen = torch.Generator().manual_seed(seed)
+    coords = torch.stack([torch.randint(0, s, (n, ), generator=gen) for s in SPARSE_SHAPE], 1)
+    coords = torch.unique(coords, dim=0)
+    coors = torch.cat([torch.zeros(len(coords), 1, dtype=torch.long), coords], 1).int()
+    feats = torch.randn(len(coords), 4, generator=gen) * (1 + seed)
+    return feats, coors
+
+
+def _bn1d_count(module: nn.Module) -> int:
+    return sum(type(m) is nn.BatchNorm1d for m in module.modules())
+
+
+@pytest.mark.parametrize('impl,cls_name', [('torch', 'SyncBatchNorm'),
+                                           ('naive', 'NaiveSyncBatchNorm1d')])
+def test_conversion_reaches_every_bn_of_a_sparse_encoder(impl, cls_name):
+    encoder = build_encoder()
+    n_bn = _bn1d_count(encoder)
+    assert n_bn >= 7  # conv_input, every encoder layer, conv_out
+    params_before = {id(p) for p in encoder.parameters()}
+    converted = convert_sync_bn(encoder, impl)
+    assert _bn1d_count(converted) == 0
+    assert norm_layer_counts(converted) == {cls_name: n_bn}
+    # the very same Parameter objects: an optimizer built before still updates them
+    assert {id(p) for p in converted.parameters()} == params_before
+
+
+def test_converted_encoder_gives_the_same_output_in_eval():
+    torch.manual_seed(0)
+    encoder = build_encoder().eval()
+    feats, coors = sparse_input()
+    with torch.no_grad():
+        before = encoder(feats, coors, 1)
+        after = convert_sync_bn(encoder, 'torch').eval()(feats, coors, 1)
+    assert torch.equal(before, after)
+
+
+def test_spconv_sparse_batchnorm_keeps_taking_sparse_tensors():
+    from spconv.pytorch.modules import SparseBatchNorm, SparseSyncBatchNorm
+    net = nn.Sequential(SparseBatchNorm(4))
+    # mmengine's conversion loses the sparse-tensor handling ...
+    assert type(mmengine_convert(nn.Sequential(SparseBatchNorm(4)))[0]) is nn.SyncBatchNorm
+    # ... ours keeps it: spconv's own synchronised class, or the sparse naive form
+    assert type(convert_sync_bn(net, 'torch')[0]) is SparseSyncBatchNorm
+    naive = convert_sync_bn(nn.Sequential(SparseBatchNorm(4)), 'naive')[0]
+    feats, coors = sparse_input()
+    x = spconv.SparseConvTensor(feats, coors, SPARSE_SHAPE, 1)
+    out = naive.train()(x)
+    assert isinstance(out, spconv.SparseConvTensor)
+    assert torch.allclose(out.features.mean(0), torch.zeros(4), atol=1e-5)
+
+
+def test_layers_that_already_sync_are_kept_and_bn3d_is_reported():
+    from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d
+    net = nn.Sequential(NaiveSyncBatchNorm1d(3), nn.BatchNorm3d(2), nn.BatchNorm2d(2))
+    out = convert_sync_bn(net, 'naive')
+    assert [type(m).__name__ for m in out] == [
+        'NaiveSyncBatchNorm1d', 'BatchNorm3d', 'NaiveSyncBatchNorm2d']
+
+
+def test_resolve_implementation():
+    assert resolve_implementation('torch', cuda=True) == 'torch'
+    assert resolve_implementation('mmcv', cuda=False) == 'naive'
+    with pytest.raises(ValueError, match="sync_bn='apex'"):
+        resolve_implementation('apex')
+
+
+@MODELS.register_module(name='H4SparseModel', force=True)
+class H4SparseModel(BaseModel):
+    """A BaseModel around a real SparseEncoder built from mmdet3d's registry."""
+
+    def __init__(self, norm_type: str = 'SyncBN'):
+        super().__init__()
+        self.encoder = build_encoder(norm_type)
+
+    def forward(self, inputs, data_samples=None, mode='tensor'):
+        feats, coors = inputs
+        out = self.encoder(feats, coors, 1)
+        return dict(loss=out.mean()) if mode == 'loss' else out
+
+
+def test_single_process_runner_reverts_sync_bn_inside_sparse_encoder(tmp_path):
+    built = H4SparseModel('SyncBN')
+    assert norm_layer_counts(built) == {'SyncBatchNorm': 7}
+    runner = Runner(model=dict(type='H4SparseModel', norm_type='SyncBN'),
+                    work_dir=str(tmp_path), default_scope='mmdet3d', log_level='WARNING',
+                    experiment_name='revert')
+    model = runner.model
+    assert not isinstance(model, nn.parallel.DistributedDataParallel)  # bare model
+    assert 'SyncBatchNorm' not in norm_layer_counts(model)
+    assert sum(norm_layer_counts(model).values()) == 7
+    # trains on the CPU (a SyncBatchNorm left in place would be fine here too, but
+    # is a different class in checkpoints and in speed on one GPU)
+    model.train()
+    loss = model(sparse_input(), mode='loss')['loss']
+    loss.backward()
