@@ -119,8 +119,6 @@ def test_single_process_runner_reverts_sync_bn_inside_sparse_encoder(tmp_path):
     assert not isinstance(model, nn.parallel.DistributedDataParallel)  # bare model
     assert 'SyncBatchNorm' not in norm_layer_counts(model)
     assert sum(norm_layer_counts(model).values()) == 7
-    # trains on the CPU (a SyncBatchNorm left in place would be fine here too, but
-    # is a different class in checkpoints and in speed on one GPU)
     model.train()
     loss = model(sparse_input(), mode='loss')['loss']
     loss.backward()
