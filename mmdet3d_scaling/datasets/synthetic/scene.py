@@ -144,6 +144,9 @@ def points_in_box_mask(xyz: np.ndarray, box: np.ndarray, margin: float = 0.0) ->
 
 def _rects_overlap(a: np.ndarray, b: np.ndarray, margin: float) -> bool:
     """Separating-axis test of two boxes' footprints, each grown by ``margin``."""
+    reach = (np.hypot(a[3], a[4]) + np.hypot(b[3], b[4])) / 2 + 2 * margin
+    if np.hypot(a[0] - b[0], a[1] - b[1]) > reach:  # bounding circles apart: quick no
+        return False
     ca, cb = box_corners_lidar(a)[:4, :2], box_corners_lidar(b)[:4, :2]
     for yaw in (a[6], b[6]):
         for axis in (np.array([np.cos(yaw), np.sin(yaw)]),
