@@ -1,1 +1,2 @@
 """datasets of mmdet3d_scaling."""
+from . import transforms  # noqa: F401  (BEVFusion transforms)

@@ -1,0 +1,8 @@
+"""Data transforms of mmdet3d_scaling."""
+from .bevfusion import (BEVFusionGlobalRotScaleTrans, BEVFusionRandomFlip3D,
+                        BEVLoadMultiViewImageFromFiles, GridMask, ImageAug3D)
+
+__all__ = [
+    'BEVFusionGlobalRotScaleTrans', 'BEVFusionRandomFlip3D',
+    'BEVLoadMultiViewImageFromFiles', 'GridMask', 'ImageAug3D'
+]
