@@ -8,6 +8,9 @@ from .assigners import (BBoxBEVL1Cost, HeuristicAssigner3D, HungarianAssigner3D,
                         IoU3DCost)
 from .bbox_coder import TransFusionBBoxCoder
 from .bevfusion import BEVFusion
+from .bevfusion_necks import GeneralizedLSSFPN
+from .depth_lss import DepthLSSTransform, LSSTransform
+from .fuser import ConvFuser
 from .sparse_backend import convert_state_dict_layout
 from .sparse_encoder import BEVFusionSparseEncoder
 from .transformer import TransformerDecoderLayer
@@ -17,5 +20,6 @@ from .voxelize import BEVFusionVoxelizer
 __all__ = [
     'BEVFusion', 'BEVFusionSparseEncoder', 'BEVFusionVoxelizer', 'TransFusionHead',
     'TransformerDecoderLayer', 'TransFusionBBoxCoder', 'HungarianAssigner3D',
-    'HeuristicAssigner3D', 'BBoxBEVL1Cost', 'IoU3DCost', 'convert_state_dict_layout'
+    'HeuristicAssigner3D', 'BBoxBEVL1Cost', 'IoU3DCost', 'convert_state_dict_layout',
+    'GeneralizedLSSFPN', 'LSSTransform', 'DepthLSSTransform', 'ConvFuser'
 ]
