@@ -1,0 +1,167 @@
+"""Target assignment for ``TransFusionHead``: match costs and 3D assigners.
+
+Registered in ``TASK_UTILS`` under upstream's names: ``BBoxBEVL1Cost``,
+``IoU3DCost``, ``HungarianAssigner3D`` and ``HeuristicAssigner3D``.
+"""
+from typing import Optional
+
+import torch
+from mmdet.models.task_modules import AssignResult, BaseAssigner
+from mmengine.structures import InstanceData
+from torch import Tensor
+
+from mmdet3d.registry import TASK_UTILS
+from mmdet3d_scaling.registry import register
+
+
+@register(TASK_UTILS)
+class BBoxBEVL1Cost:
+    """L1 distance of BEV centres, normalised by the point-cloud range.
+
+    Args:
+        weight (float): cost weight.
+    """
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+
+    def __call__(self, bboxes: Tensor, gt_bboxes: Tensor, train_cfg: dict) -> Tensor:
+        """``[P, >=2]`` and ``[G, >=2]`` boxes -> ``[P, G]`` weighted cost."""
+        pcr = bboxes.new_tensor(train_cfg['point_cloud_range'])
+        start, extent = pcr[0:2], pcr[3:5] - pcr[0:2]
+        pred = (bboxes[:, :2] - start) / extent
+        gt = (gt_bboxes[:, :2] - start) / extent
+        return torch.cdist(pred, gt, p=1) * self.weight
+
+
+@register(TASK_UTILS)
+class IoU3DCost:
+    """Negative IoU as a cost.
+
+    Args:
+        weight (float): cost weight.
+    """
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight
+
+    def __call__(self, iou: Tensor) -> Tensor:
+        return -iou * self.weight
+
+
+def _linear_sum_assignment(cost: Tensor):
+    try:
+        from scipy.optimize import linear_sum_assignment
+    except ImportError as err:
+        raise ImportError('HungarianAssigner3D needs scipy: pip install scipy') from err
+    rows, cols = linear_sum_assignment(cost.detach().cpu().numpy())
+    return torch.as_tensor(rows), torch.as_tensor(cols)
+
+
+@register(TASK_UTILS)
+class HungarianAssigner3D(BaseAssigner):
+    """One-to-one matching of proposals to ground truth (Hungarian algorithm).
+
+    cost = cls_cost(logits, labels) + reg_cost(BEV centres) + iou_cost(3D IoU).
+
+    Args:
+        cls_cost (dict): classification cost, e.g. ``mmdet.FocalLossCost``.
+        reg_cost (dict): ``BBoxBEVL1Cost`` config.
+        iou_cost (dict): ``IoU3DCost`` config.
+        iou_calculator (dict): 3D IoU, e.g. ``BboxOverlaps3D(coordinate='lidar')``.
+    """
+
+    def __init__(self,
+                 cls_cost: dict = dict(type='mmdet.ClassificationCost', weight=1.),
+                 reg_cost: dict = dict(type='BBoxBEVL1Cost', weight=1.0),
+                 iou_cost: dict = dict(type='IoU3DCost', weight=1.0),
+                 iou_calculator: dict = dict(type='BboxOverlaps3D')) -> None:
+        self.cls_cost = TASK_UTILS.build(cls_cost)
+        self.reg_cost = TASK_UTILS.build(reg_cost)
+        self.iou_cost = TASK_UTILS.build(iou_cost)
+        self.iou_calculator = TASK_UTILS.build(iou_calculator)
+
+    def assign(self, bboxes: Tensor, gt_bboxes: Tensor, gt_labels: Tensor,
+               cls_pred: Tensor, train_cfg: dict) -> AssignResult:
+        """Assign ``[P, D]`` decoded proposals to ``[G, D]`` gt boxes.
+
+        Args:
+            cls_pred (Tensor): ``[1, K, P]`` class logits of the proposals.
+            train_cfg (dict): the head's train_cfg (needs ``point_cloud_range``).
+
+        Returns:
+            AssignResult: gt_inds 0 = background, i+1 = gt i; max_overlaps = IoU with
+            the matched gt (0 for background).
+        """
+        num_gts, num_bboxes = gt_bboxes.size(0), bboxes.size(0)
+        gt_inds = bboxes.new_zeros(num_bboxes, dtype=torch.long)
+        labels = bboxes.new_full((num_bboxes, ), -1, dtype=torch.long)
+        overlaps = bboxes.new_zeros(num_bboxes)
+        if num_gts == 0 or num_bboxes == 0:  # every proposal is background
+            return AssignResult(num_gts, gt_inds, overlaps, labels=labels)
+
+        cls_cost = self.cls_cost(InstanceData(scores=cls_pred[0].T),
+                                 InstanceData(labels=gt_labels))
+        reg_cost = self.reg_cost(bboxes, gt_bboxes, train_cfg)
+        iou = self.iou_calculator(bboxes, gt_bboxes)
+        cost = cls_cost + reg_cost + self.iou_cost(iou)
+
+        rows, cols = _linear_sum_assignment(cost)
+        rows, cols = rows.to(bboxes.device), cols.to(bboxes.device)
+        gt_inds[rows] = cols + 1
+        labels[rows] = gt_labels[cols]
+        overlaps[rows] = iou[rows, cols].to(overlaps.dtype)
+        return AssignResult(num_gts, gt_inds, overlaps, labels=labels)
+
+
+@register(TASK_UTILS)
+class HeuristicAssigner3D(BaseAssigner):
+    """Assign each gt box to its nearest proposal in BEV (optionally same class).
+
+    Args:
+        dist_thre (float): largest BEV centre distance of a match (m). Defaults to 100.
+        iou_calculator (dict): 3D IoU config for ``max_overlaps``.
+    """
+
+    def __init__(self, dist_thre: float = 100,
+                 iou_calculator: dict = dict(type='BboxOverlaps3D')) -> None:
+        self.dist_thre = dist_thre
+        self.iou_calculator = TASK_UTILS.build(iou_calculator)
+
+    def assign(self,
+               bboxes: Tensor,
+               gt_bboxes: Tensor,
+               gt_bboxes_ignore: Optional[Tensor] = None,
+               gt_labels: Optional[Tensor] = None,
+               query_labels: Optional[Tensor] = None) -> AssignResult:
+        """Assign ``[P, D]`` proposals; ``query_labels`` ``[P]`` restricts matches to
+        proposals of the gt's class (needs ``gt_labels``)."""
+        num_gts, num_bboxes = len(gt_bboxes), len(bboxes)
+        gt_inds = bboxes.new_zeros(num_bboxes, dtype=torch.long)
+        labels = bboxes.new_full((num_bboxes, ), -1, dtype=torch.long)
+        overlaps = bboxes.new_zeros(num_bboxes)
+        if num_gts == 0 or num_bboxes == 0:
+            return AssignResult(num_gts, gt_inds, overlaps, labels=labels)
+
+        dist = torch.cdist(gt_bboxes[:, :2].to(bboxes.dtype), bboxes[:, :2])  # [G, P]
+        if query_labels is not None:
+            if gt_labels is None:
+                raise ValueError('HeuristicAssigner3D: query_labels need gt_labels.')
+            dist = dist + (query_labels[None] != gt_labels[:, None]) * self.dist_thre
+        nearest_dist, nearest = dist.min(dim=1)
+        best = bboxes.new_full((num_bboxes, ), float('inf'))
+        for g in range(num_gts):  # a proposal keeps its closest gt
+            p = nearest[g]
+            if nearest_dist[g] <= self.dist_thre and nearest_dist[g] < best[p]:
+                best[p] = nearest_dist[g]
+                gt_inds[p] = g + 1
+                if gt_labels is not None:
+                    labels[p] = gt_labels[g]
+        matched = torch.nonzero(gt_inds > 0).squeeze(1)
+        if matched.numel():
+            iou = self.iou_calculator(gt_bboxes[gt_inds[matched] - 1], bboxes[matched])
+            overlaps[matched] = iou.diag().to(overlaps.dtype)
+        return AssignResult(num_gts, gt_inds, overlaps, labels=labels)
+
+
+__all__ = ['BBoxBEVL1Cost', 'IoU3DCost', 'HungarianAssigner3D', 'HeuristicAssigner3D']

@@ -1,0 +1,206 @@
+"""TransFusion head: box coder, assigners, decoder layer, forward / loss / predict."""
+import numpy as np
+import pytest
+import torch
+
+from mmdet3d.registry import MODELS, TASK_UTILS
+from mmdet3d.structures import LiDARInstance3DBoxes
+
+from .common import GRID, OSF, PCR, VOXEL, build, gt_of, tiny_head_cfg, toy_batch
+
+BEV = (GRID[0] // OSF, GRID[1] // OSF)
+
+
+def _coder(code_size=10, **kwargs):
+    return TASK_UTILS.build(dict(type='TransFusionBBoxCoder', pc_range=PCR[:2],
+                                 out_size_factor=OSF, voxel_size=VOXEL[:2],
+                                 code_size=code_size, **kwargs))
+
+
+def _decode_targets(coder, targets):
+    t = targets.T[None]  # [1, code, N]
+    vel = t[:, 8:10] if coder.code_size == 10 else None
+    heat = torch.rand(1, 3, t.shape[-1])
+    return coder.decode(heat, t[:, 6:8], t[:, 3:6], t[:, 0:2], t[:, 2:3], vel)[0]
+
+
+@pytest.mark.parametrize('code_size', [8, 10])
+def test_bbox_coder_round_trip(code_size):
+    coder = _coder(code_size)
+    boxes = torch.tensor([[1.0, -2.0, -1.5, 4.0, 1.8, 1.6, 0.3, 1.0, -0.5],
+                          [-7.0, 5.0, -1.0, 0.7, 0.6, 1.7, -2.9, 0.0, 0.2]])
+    targets = coder.encode(boxes)
+    assert targets.shape == (2, code_size)
+    # x in feature cells, z of the gravity centre
+    assert targets[0, 0] == pytest.approx((1.0 - PCR[0]) / (OSF * VOXEL[0]))
+    assert targets[0, 2] == pytest.approx(-1.5 + 0.8)
+    decoded = _decode_targets(coder, targets.clone())['bboxes']
+    np.testing.assert_allclose(decoded.numpy(), boxes[:, :decoded.shape[1]].numpy(),
+                               atol=1e-5)
+    assert torch.equal(targets, coder.encode(boxes))  # decode did not touch its inputs
+
+
+def test_bbox_coder_filters():
+    coder = _coder(post_center_range=[-5, -5, -10, 5, 5, 10], score_threshold=0.5)
+    boxes = torch.tensor([[1.0, 1.0, -1.0, 2, 2, 2, 0, 0, 0],
+                          [9.0, 1.0, -1.0, 2, 2, 2, 0, 0, 0],
+                          [1.0, 2.0, -1.0, 2, 2, 2, 0, 0, 0]])
+    t = coder.encode(boxes).T[None]
+    heat = torch.tensor([[[0.9, 0.9, 0.2]]])
+    out = coder.decode(heat, t[:, 6:8], t[:, 3:6], t[:, 0:2], t[:, 2:3], t[:, 8:10],
+                       filter=True)[0]
+    assert len(out['bboxes']) == 1 and out['scores'].item() == pytest.approx(0.9)
+    with pytest.raises(ValueError, match='code_size'):
+        _coder(code_size=9)
+
+
+def _boxes(rows):
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def test_hungarian_assigner_matches_nearest_and_handles_no_gt():
+    assigner = TASK_UTILS.build(tiny_head_cfg()['train_cfg']['assigner'])
+    gt = _boxes([[0, 0, -1, 4, 2, 1.5, 0, 0, 0], [6, 6, -1, 1, 1, 1.5, 0, 0, 0]])
+    labels = torch.tensor([0, 8])
+    preds = _boxes([[6.2, 6.1, -1, 1, 1, 1.5, 0, 0, 0], [30, 30, -1, 1, 1, 1, 0, 0, 0],
+                    [0.1, -0.2, -1, 4, 2, 1.5, 0.1, 0, 0]])
+    logits = torch.full((1, 10, 3), -3.0)
+    cfg = tiny_head_cfg()['train_cfg']
+    result = assigner.assign(preds, gt, labels, logits, cfg)
+    assert result.gt_inds.tolist() == [2, 0, 1]
+    assert result.labels.tolist() == [8, -1, 0]
+    assert result.max_overlaps[2] > 0.7 and result.max_overlaps[1] == 0
+
+    empty = assigner.assign(preds, gt[:0], labels[:0], logits, cfg)
+    assert empty.gt_inds.tolist() == [0, 0, 0] and empty.max_overlaps.shape == (3, )
+
+
+def test_heuristic_assigner_and_costs():
+    assigner = TASK_UTILS.build(dict(type='HeuristicAssigner3D', dist_thre=3.0))
+    gt = _boxes([[0, 0, -1, 4, 2, 1.5, 0], [10, 0, -1, 4, 2, 1.5, 0]])
+    preds = _boxes([[0.5, 0, -1, 4, 2, 1.5, 0], [20, 0, -1, 4, 2, 1.5, 0]])
+    result = assigner.assign(preds, gt, None, torch.tensor([0, 0]), torch.tensor([0, 0]))
+    assert result.gt_inds.tolist() == [1, 0]  # the second gt is 10 m from any proposal
+    same_class_only = assigner.assign(preds, gt, None, torch.tensor([3, 0]),
+                                      torch.tensor([0, 0]))
+    assert same_class_only.gt_inds.tolist() == [0, 0]
+
+    l1 = TASK_UTILS.build(dict(type='BBoxBEVL1Cost', weight=0.5))
+    cost = l1(preds, gt, dict(point_cloud_range=[-10, -10, -5, 10, 10, 3]))
+    assert cost[0, 0].item() == pytest.approx(0.5 * 0.5 / 20)
+    iou_cost = TASK_UTILS.build(dict(type='IoU3DCost', weight=2.0))
+    assert iou_cost(torch.tensor([0.5])).item() == -1.0
+
+
+def test_decoder_layer_shapes_and_gradients():
+    layer = MODELS.build(tiny_head_cfg()['decoder_layer'])
+    query = torch.randn(2, 32, 7, requires_grad=True)
+    key = torch.randn(2, 32, 30)
+    out = layer(query, key=key, query_pos=torch.rand(2, 7, 2), key_pos=torch.rand(2, 30, 2))
+    assert out.shape == (2, 32, 7)
+    out.sum().backward()
+    missing = [n for n, p in layer.named_parameters() if p.grad is None]
+    assert not missing, missing
+
+
+def _head(**kwargs):
+    head = build(tiny_head_cfg(in_channels=16, **kwargs))
+    head.train()
+    return head
+
+
+def test_forward_shapes():
+    head = _head(num_decoder_layers=2)
+    feats = torch.randn(2, 16, *BEV)
+    preds = head(feats, [{}, {}])[0][0]
+    p = 20 * 2  # proposals x supervised layers
+    assert preds['center'].shape == (2, 2, p)
+    assert preds['height'].shape == (2, 1, p)
+    assert preds['dim'].shape == (2, 3, p) and preds['rot'].shape == (2, 2, p)
+    assert preds['vel'].shape == (2, 2, p) and preds['heatmap'].shape == (2, 10, p)
+    assert preds['query_heatmap_score'].shape == (2, 10, 20)
+    assert preds['query_labels'].shape == (2, 20)
+    assert preds['dense_heatmap'].shape == (2, 10, *BEV)
+    # proposals start at distinct BEV cells, at cell centres
+    assert head.bev_pos.shape == (1, BEV[0] * BEV[1], 2)
+    with pytest.raises(ValueError, match='grid_size'):
+        head(torch.randn(1, 16, 8, 8), [{}])
+
+
+@pytest.mark.parametrize('num_layers', [1, 2])
+def test_loss_and_gradients(num_layers):
+    head = _head(num_decoder_layers=num_layers)
+    batch = toy_batch(seed=1, empty=(1, ))  # the second frame has no boxes
+    feats = torch.randn(2, 16, *BEV, requires_grad=True)
+    losses = head.loss_by_feat(head(feats, [{}, {}]), gt_of(batch))
+    expected = {'loss_heatmap', 'layer_-1_loss_cls', 'layer_-1_loss_bbox', 'matched_ious'}
+    if num_layers == 2:
+        expected |= {'layer_0_loss_cls', 'layer_0_loss_bbox'}
+    assert set(losses) == expected
+    total = sum(v for k, v in losses.items() if 'loss' in k)
+    assert torch.isfinite(total) and total > 0
+    total.backward()
+    assert feats.grad.abs().sum() > 0
+    no_grad = [n for n, p in head.named_parameters() if p.grad is None]
+    assert not no_grad, no_grad
+
+
+def test_heatmap_target_non_square_grid():
+    grid = [128, 64, 41]
+    pcr = [-12.8, -6.4, -5.0, 12.8, 6.4, 3.0]
+    head = build(tiny_head_cfg(in_channels=16, grid=grid, pcr=pcr))
+    box = LiDARInstance3DBoxes(torch.tensor([[8.0, 3.0, -1.8, 4, 2, 1.6, 0, 0, 0]]),
+                               box_dim=9)
+    heatmap = head._heatmap_target(box, torch.tensor([0]), 'cpu')
+    assert heatmap.shape == (10, 16, 8)  # [K, X, Y]
+    peak = torch.nonzero(heatmap[0] == 1)
+    x_cell = int((8.0 - pcr[0]) / 0.2 / OSF)
+    y_cell = int((3.0 - pcr[1]) / 0.2 / OSF)
+    assert peak.tolist() == [[x_cell, y_cell]]
+    preds = head(torch.randn(1, 16, 16, 8), [{}])[0][0]
+    assert preds['dense_heatmap'].shape == (1, 10, 16, 8)
+
+
+def test_local_maxima_kernel_sizes():
+    heat = torch.rand(1, 10, 6, 6)
+    one = _head()
+    one.nms_kernel_size = 1
+    assert torch.equal(one._local_maxima(heat), heat)
+    three = _head()
+    kept = three._local_maxima(heat)
+    assert (kept[:, :8, 0] == 0).all()  # border suppressed (upstream's behaviour)
+    assert torch.equal(kept[:, 8:], heat[:, 8:])  # pedestrian, cone: every cell
+    with pytest.raises(ValueError, match='nms_kernel_size'):
+        build(dict(tiny_head_cfg(), nms_kernel_size=2))
+
+
+@pytest.mark.parametrize('nms_type', [None, 'circle', 'rotate'])
+def test_predict(nms_type):
+    head = _head(nms_type=nms_type).eval()
+    metas = [dict(box_type_3d=LiDARInstance3DBoxes)] * 2
+    with torch.no_grad():
+        results = head.predict(torch.randn(2, 16, *BEV), metas)
+    assert len(results) == 2
+    for res in results:
+        assert isinstance(res.bboxes_3d, LiDARInstance3DBoxes)
+        assert res.bboxes_3d.tensor.shape[1] == 9
+        assert len(res.scores_3d) == len(res.labels_3d) == len(res.bboxes_3d) <= 20
+        assert (res.scores_3d >= 0).all() and (res.scores_3d <= 1).all()
+        assert res.labels_3d.dtype == torch.int32
+    if nms_type is None:
+        assert len(results[0].scores_3d) == 20
+
+
+def test_predict_score_is_product_of_heatmap_and_class_score():
+    head = _head().eval()
+    head.bbox_coder.post_center_range = None  # keep every proposal
+    feats = torch.randn(1, 16, *BEV)
+    with torch.no_grad():
+        preds = head(feats, [{}])
+        res = head.predict_by_feat(preds, [dict(box_type_3d=LiDARInstance3DBoxes)])[0]
+    p = preds[0][0]
+    labels = p['query_labels'][0]
+    scores = p['heatmap'][0].sigmoid().gather(0, labels[None])[0] * \
+        p['query_heatmap_score'][0].gather(0, labels[None])[0]
+    assert torch.allclose(res.scores_3d, scores)  # nothing filtered: order kept
+    assert torch.equal(res.labels_3d.long(), labels)
