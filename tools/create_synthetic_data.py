@@ -2,6 +2,8 @@
 
     python tools/create_synthetic_data.py kitti --out data/synthetic_kitti \
         --train-frames 200 --val-frames 50 --seed 0
+    python tools/create_synthetic_data.py nuscenes --out data/synthetic_nuscenes \
+        --train-frames 120 --val-frames 40 --seed 0
 
 One subcommand per dataset format; each has its own ``add_<name>_parser`` below.
 """
@@ -41,7 +43,7 @@ def run_nuscenes(args: argparse.Namespace) -> dict:
         seed=args.seed, version=args.version, samples_per_scene=args.samples_per_scene,
         sweeps=args.sweeps, image_size=(900, 1600) if args.full_res else tuple(args.image_size),
         objects_per_sample=args.objects, overwrite=args.overwrite)
-    return generate_nuscenes(cfg, progress=not args.no_progress)
+    return generate_nuscenes(cfg, progress=not args.no_progress, workers=args.workers)
 
 
 def add_nuscenes_parser(subparsers) -> None:
@@ -65,6 +67,8 @@ def add_nuscenes_parser(subparsers) -> None:
                         help='annotated objects around the car per key frame (about)')
     parser.add_argument('--overwrite', action='store_true',
                         help='write into a non-empty --out')
+    parser.add_argument('--workers', type=int, default=1,
+                        help='processes writing scenes in parallel (same output)')
     parser.set_defaults(func=run_nuscenes)
 
 

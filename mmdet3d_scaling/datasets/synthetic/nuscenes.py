@@ -386,12 +386,16 @@ class _Tables:
              'map', 'sample', 'sample_annotation', 'sample_data', 'scene', 'sensor',
              'visibility')
 
-    def __init__(self, seed: int):
+    def __init__(self, seed: int, static: bool = True):
         self.seed = seed
         self.rows: Dict[str, List[dict]] = {name: [] for name in self.NAMES}
         self.category = {name: _token(seed, 'category', name) for name in _ALL_CATEGORIES}
         self.attribute = {name: _token(seed, 'attribute', name) for name in ATTRIBUTES}
         self.sensor = {ch: _token(seed, 'sensor', ch) for ch in ('LIDAR_TOP', *_camera_channels())}
+        if static:
+            self._add_static_rows()
+
+    def _add_static_rows(self) -> None:
         for name, tok in self.category.items():
             self.rows['category'].append(dict(token=tok, name=name, description=name))
         for name, tok in self.attribute.items():
@@ -415,7 +419,19 @@ class _Tables:
             row['prev'] = rows[i - 1]['token'] if i > 0 else ''
             row['next'] = rows[i + 1]['token'] if i + 1 < len(rows) else ''
 
-    def dump(self, root: str, version: str, image_size: Tuple[int, int]) -> None:
+    def extend(self, rows: Dict[str, List[dict]]) -> None:
+        for name, table_rows in rows.items():
+            self.rows[name].extend(table_rows)
+
+    def add_maps(self) -> None:
+        """One map per location, listing the logs recorded there (the devkit needs it)."""
+        for location in dict.fromkeys(log['location'] for log in self.rows['log']):
+            tok = _token(self.seed, 'map', location)
+            self.add('map', token=tok, category='semantic_prior', filename=f'maps/{tok}.png',
+                     log_tokens=[log['token'] for log in self.rows['log']
+                                 if log['location'] == location])
+
+    def dump(self, root: str, version: str) -> None:
         table_dir = osp.join(root, version)
         os.makedirs(table_dir, exist_ok=True)
         os.makedirs(osp.join(root, 'maps'), exist_ok=True)
@@ -456,8 +472,11 @@ class _SceneWriter:
         self.seed = cfg.seed
 
     def write(self, split: str, scene_idx: int, global_idx: int, name: str, n_samples: int,
-              infos: List[dict], progress) -> None:
+              on_frame=None) -> List[dict]:
+        """Write the scene's files and table rows; returns its infos (``sample_idx``
+        counts from 0 within the scene)."""
         cfg, tables, seed = self.cfg, self.tables, self.seed
+        infos: List[dict] = []
         rng = np.random.default_rng([seed, 0 if split == 'train' else 1, scene_idx])
         location = _MAPS[global_idx % len(_MAPS)]
         origin = np.array([300.0 + 400 * (global_idx % 4), 700.0 + 300 * (global_idx % 3)])
@@ -466,7 +485,6 @@ class _SceneWriter:
         logfile = f'n015-2018-08-01-{global_idx // 60 % 24:02d}-{global_idx % 60:02d}-00+0800'
         log_tok = tables.add('log', token=_token(seed, 'log', name), logfile=logfile,
                              vehicle='n015', date_captured='2018-08-01', location=location)['token']
-        self._add_map(location, log_tok)
         calib = self._add_calibration(name)
         scene_tok = _token(seed, 'scene', name)
         sample_toks = [_token(seed, 'sample', name, k) for k in range(n_samples)]
@@ -505,21 +523,14 @@ class _SceneWriter:
                 frame_rng, world, t_key, start_us, logfile, sample_toks[k], calib,
                 channel_chain)
             infos.append(info)
-            progress.update(1)
+            if on_frame is not None:
+                on_frame()
         for chain in channel_chain.values():
             tables.link(chain)
         self._finish_instances(world, ann_chain, name)
+        return infos
 
     # -- static records
-    def _add_map(self, location: str, log_tok: str) -> None:
-        for rec in self.tables.rows['map']:
-            if rec['_location'] == location:
-                rec['log_tokens'].append(log_tok)
-                return
-        tok = _token(self.seed, 'map', location)
-        self.tables.add('map', token=tok, log_tokens=[log_tok], category='semantic_prior',
-                        filename=f'maps/{tok}.png', _location=location)
-
     def _add_calibration(self, scene_name: str) -> Dict[str, dict]:
         calib = {}
         lidar2ego = _lidar2ego()
@@ -684,36 +695,73 @@ def _metainfo(version: str) -> dict:
                 dataset='nuscenes', version=version, info_version='1.1')
 
 
-def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True) -> Dict[str, str]:
+def _write_scene(job: tuple) -> Tuple[Dict[str, List[dict]], List[dict]]:
+    """Worker: write one scene; returns its table rows and infos (merged in order)."""
+    cfg, split, scene_idx, global_idx, name, n_samples = job
+    tables = _Tables(cfg.seed, static=False)
+    writer = _SceneWriter(cfg, tables, camera_models(*cfg.image_size),
+                          nuscenes_lidar_model(cfg.lidar_density))
+    infos = writer.write(split, scene_idx, global_idx, name, n_samples)
+    return tables.rows, infos
+
+
+def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
+                      workers: int = 1) -> Dict[str, str]:
     """Write the dataset described by ``cfg``.
+
+    Args:
+        cfg: what to write.
+        progress: show a tqdm progress bar (frames).
+        workers: processes writing scenes in parallel; the output does not depend on it.
 
     Returns:
         dict: paths of the written ``train``/``val`` info files and the ``tables`` folder.
     """
     from tqdm import tqdm
     cfg.validate()
+    if workers < 1:
+        raise ValueError(f'workers={workers}: must be >= 1')
     os.makedirs(cfg.out_dir, exist_ok=True)
-    tables = _Tables(cfg.seed)
-    cams = camera_models(*cfg.image_size)
-    writer = _SceneWriter(cfg, tables, cams, nuscenes_lidar_model(cfg.lidar_density))
-    plan = {split: _split_scenes(cfg.version, split, n, cfg.samples_per_scene)
-            for split, n in (('train', cfg.train_frames), ('val', cfg.val_frames))}
-    out = {}
+    jobs, global_idx = [], 0
+    for split, n in (('train', cfg.train_frames), ('val', cfg.val_frames)):
+        for scene_idx, (name, n_samples) in enumerate(
+                _split_scenes(cfg.version, split, n, cfg.samples_per_scene)):
+            jobs.append((cfg, split, scene_idx, global_idx, name, n_samples))
+            global_idx += 1
     bar = tqdm(total=cfg.train_frames + cfg.val_frames, desc='synthetic nuScenes',
                unit='frame', disable=not progress)
-    global_idx = 0
-    for split, scenes in plan.items():
-        infos: List[dict] = []
-        for scene_idx, (name, n_samples) in enumerate(scenes):
-            writer.write(split, scene_idx, global_idx, name, n_samples, infos, bar)
-            global_idx += 1
+    tables = _Tables(cfg.seed)
+    infos: Dict[str, List[dict]] = {'train': [], 'val': []}
+
+    def merge(job: tuple, rows: Dict[str, List[dict]], scene_infos: List[dict]) -> None:
+        tables.extend(rows)
+        for info in scene_infos:
+            info['sample_idx'] = len(infos[job[1]])
+            infos[job[1]].append(info)
+
+    if workers == 1:
+        for job in jobs:  # in-process: the bar moves frame by frame
+            writer = _SceneWriter(cfg, _Tables(cfg.seed, static=False),
+                                  camera_models(*cfg.image_size),
+                                  nuscenes_lidar_model(cfg.lidar_density))
+            scene_infos = writer.write(*job[1:], on_frame=lambda: bar.update(1))
+            # the round trip a worker's result takes: same pickle bytes for any `workers`
+            merge(job, writer.tables.rows, pickle.loads(pickle.dumps(scene_infos)))
+    else:
+        import multiprocessing as mp
+        with mp.get_context('spawn').Pool(workers) as pool:
+            for job, (rows, scene_infos) in zip(jobs, pool.imap(_write_scene, jobs)):
+                merge(job, rows, scene_infos)
+                bar.update(job[-1])
+    bar.close()
+    out = {}
+    for split, split_infos in infos.items():
         path = osp.join(cfg.out_dir, f'nuscenes_infos_{split}.pkl')
         with open(path, 'wb') as f:
-            pickle.dump(dict(metainfo=_metainfo(cfg.version), data_list=infos), f, protocol=4)
+            pickle.dump(dict(metainfo=_metainfo(cfg.version), data_list=split_infos), f,
+                        protocol=4)
         out[split] = path
-    bar.close()
-    for rec in tables.rows['map']:
-        rec.pop('_location')
-    tables.dump(cfg.out_dir, cfg.version, cfg.image_size)
+    tables.add_maps()
+    tables.dump(cfg.out_dir, cfg.version)
     out['tables'] = osp.join(cfg.out_dir, cfg.version)
     return out
