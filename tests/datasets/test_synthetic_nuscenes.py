@@ -68,6 +68,16 @@ def test_bad_config_names_the_value(tmp_path):
         generate_nuscenes(_small(tmp_path / 'full'), progress=False)
 
 
+def test_scene_names_follow_official_splits():
+    from nuscenes.utils import splits
+    from mmdet3d_scaling.datasets.synthetic.nuscenes import _split_scenes
+    scenes = _split_scenes('v1.0-trainval', 'train', 25, 10)
+    assert scenes == list(zip(splits.train[:3], [9, 8, 8]))
+    scenes = _split_scenes('v1.0-mini', 'val', 30, 10)  # only 2 mini_val scenes exist
+    assert [name for name, _ in scenes] == splits.mini_val
+    assert sum(n for _, n in scenes) == 30
+
+
 def test_info_files_are_v2_nuscenes(root):
     with open(osp.join(root, 'nuscenes_infos_val.pkl'), 'rb') as f:
         infos = pickle.load(f)

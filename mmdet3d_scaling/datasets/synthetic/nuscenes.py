@@ -26,8 +26,9 @@ import math
 import os
 import os.path as osp
 import pickle
+import time
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import cv2
 import numpy as np
@@ -464,127 +465,135 @@ def _m(mat: np.ndarray) -> List[List[float]]:
 
 
 class _SceneWriter:
-    """Writes one scene: files, table rows, info dicts."""
+    """Writes one scene: its files, its table rows (into ``tables``) and its infos.
 
-    def __init__(self, cfg: NuScenesSyntheticConfig, tables: _Tables, cams: List[CameraModel],
-                 sensor: SensorModel):
-        self.cfg, self.tables, self.cams, self.sensor = cfg, tables, cams, sensor
-        self.seed = cfg.seed
+    Args:
+        cfg: the dataset being written.
+        tables: where the scene's table rows go.
+        split: 'train' or 'val'.
+        scene_idx: index of the scene in its split (seeds the scene's generators).
+        global_idx: index over all scenes (log name, timestamps, map).
+        name: official nuScenes scene name.
+        n_samples: key frames in the scene.
+    """
 
-    def write(self, split: str, scene_idx: int, global_idx: int, name: str, n_samples: int,
-              on_frame=None) -> List[dict]:
-        """Write the scene's files and table rows; returns its infos (``sample_idx``
-        counts from 0 within the scene)."""
-        cfg, tables, seed = self.cfg, self.tables, self.seed
-        infos: List[dict] = []
-        rng = np.random.default_rng([seed, 0 if split == 'train' else 1, scene_idx])
-        location = _MAPS[global_idx % len(_MAPS)]
+    def __init__(self, cfg: NuScenesSyntheticConfig, tables: _Tables, split: str,
+                 scene_idx: int, global_idx: int, name: str, n_samples: int):
+        self.cfg, self.tables, self.seed = cfg, tables, cfg.seed
+        self.name, self.n_samples = name, n_samples
+        self.rng_key = [cfg.seed, 0 if split == 'train' else 1, scene_idx]
+        self.cams = camera_models(*cfg.image_size)
+        self.sensor = nuscenes_lidar_model(cfg.lidar_density)
         origin = np.array([300.0 + 400 * (global_idx % 4), 700.0 + 300 * (global_idx % 3)])
-        world = _sample_world(rng, cfg, (n_samples - 1) * _KEY_INTERVAL, origin)
-        start_us = _START_US + global_idx * 3_600_000_000
-        logfile = f'n015-2018-08-01-{global_idx // 60 % 24:02d}-{global_idx % 60:02d}-00+0800'
-        log_tok = tables.add('log', token=_token(seed, 'log', name), logfile=logfile,
-                             vehicle='n015', date_captured='2018-08-01', location=location)['token']
-        calib = self._add_calibration(name)
-        scene_tok = _token(seed, 'scene', name)
-        sample_toks = [_token(seed, 'sample', name, k) for k in range(n_samples)]
+        self.world = _sample_world(np.random.default_rng(self.rng_key), cfg,
+                                   (n_samples - 1) * _KEY_INTERVAL, origin)
+        self.start_us = _START_US + global_idx * 3_600_000_000
+        self.logfile = (f'n015-2018-08-01-{global_idx // 60 % 24:02d}-'
+                        f'{global_idx % 60:02d}-00+0800')
+        self.log_token = tables.add(
+            'log', token=_token(self.seed, 'log', name), logfile=self.logfile, vehicle='n015',
+            date_captured='2018-08-01', location=_MAPS[global_idx % len(_MAPS)])['token']
+        self.calib = self._add_calibration()
+        self.chains: Dict[str, List[dict]] = {ch: [] for ch in self.calib}  # sample_data
+        self.ann_chains: List[List[dict]] = [[] for _ in self.world.tracks]
+
+    def write(self, on_frame: Optional[Callable[[], None]] = None) -> List[dict]:
+        """Write every frame; returns the infos (``sample_idx`` counts within the scene)."""
+        cfg, tables = self.cfg, self.tables
+        scene_tok = _token(self.seed, 'scene', self.name)
+        sample_toks = [_token(self.seed, 'sample', self.name, k) for k in range(self.n_samples)]
         tables.link([tables.add('sample', token=tok, scene_token=scene_tok, prev='', next='',
-                                timestamp=start_us + int(round(k * _KEY_INTERVAL * 1e6)))
+                                timestamp=self._us(k * _KEY_INTERVAL))
                      for k, tok in enumerate(sample_toks)])
-        tables.add('scene', token=scene_tok, log_token=log_tok, nbr_samples=n_samples,
-                   first_sample_token=sample_toks[0], last_sample_token=sample_toks[-1],
-                   name=name, description=f'synthetic {split} scene, seed {seed}')
-        ann_chain: Dict[int, List[dict]] = {i: [] for i in range(len(world.tracks))}
-        channel_chain: Dict[str, List[dict]] = {ch: [] for ch in calib}
-        lidar_history: List[dict] = []  # sweep entries, newest last
-        for k in range(n_samples):
+        tables.add('scene', token=scene_tok, log_token=self.log_token,
+                   nbr_samples=self.n_samples, first_sample_token=sample_toks[0],
+                   last_sample_token=sample_toks[-1], name=self.name,
+                   description=f'synthetic scene, seed {self.seed}')
+        infos: List[dict] = []
+        history: List[dict] = []  # LiDAR sample_data so far, newest last
+        for k, sample_tok in enumerate(sample_toks):
             t_key = k * _KEY_INTERVAL
             for j in range(cfg.sweeps, 0, -1):
                 t = t_key - j * _SWEEP_INTERVAL
-                frame_rng = np.random.default_rng([seed, 0 if split == 'train' else 1,
-                                                   scene_idx, k, j])
-                points, _, _ = _scan(frame_rng, world, t, self.sensor)
-                lidar_history.append(self._lidar_record(
-                    world, t, start_us, logfile, sample_toks[k], calib, channel_chain,
-                    points, key=False))
-            frame_rng = np.random.default_rng([seed, 0 if split == 'train' else 1, scene_idx, k, 0])
-            points, boxes_l, visibility = _scan(frame_rng, world, t_key, self.sensor)
-            key_rec = self._lidar_record(world, t_key, start_us, logfile, sample_toks[k], calib,
-                                         channel_chain, points, key=True)
-            info = self._info(world, t_key, start_us, sample_toks[k], key_rec,
-                              lidar_history[::-1][:cfg.max_sweeps], len(infos))
-            lidar_history.append(key_rec)
-            num_pts = np.array([int(points_in_box_mask(points[:, :3], b).sum()) if
-                                np.linalg.norm(b[:2]) < self.sensor.max_range + 15 else 0
-                                for b in boxes_l], dtype=np.int64)
-            info['instances'] = self._annotate(world, t_key, sample_toks[k], boxes_l, num_pts,
-                                               visibility, ann_chain, name)
-            info['images'], info['cam_instances'] = self._cameras(
-                frame_rng, world, t_key, start_us, logfile, sample_toks[k], calib,
-                channel_chain)
+                points, _, _ = _scan(self._rng(k, j), self.world, t, self.sensor)
+                history.append(self._write_lidar(t, sample_tok, points, key=False))
+            rng = self._rng(k, 0)
+            points, boxes, visibility = _scan(rng, self.world, t_key, self.sensor)
+            key_rec = self._write_lidar(t_key, sample_tok, points, key=True)
+            info = self._lidar_info(k, sample_tok, key_rec, history[::-1][:cfg.max_sweeps])
+            history.append(key_rec)
+            info['instances'] = self._annotate(t_key, sample_tok, points, boxes, visibility)
+            info['images'], info['cam_instances'] = self._write_cameras(rng, t_key, sample_tok)
             infos.append(info)
             if on_frame is not None:
                 on_frame()
-        for chain in channel_chain.values():
+        for chain in self.chains.values():
             tables.link(chain)
-        self._finish_instances(world, ann_chain, name)
+        self._add_instances()
         return infos
 
-    # -- static records
-    def _add_calibration(self, scene_name: str) -> Dict[str, dict]:
+    def _rng(self, key_frame: int, sweep: int) -> np.random.Generator:
+        """The generator of one LiDAR frame (sweep 0: the key frame and its images)."""
+        return np.random.default_rng(self.rng_key + [key_frame, sweep])
+
+    def _us(self, t: float) -> int:
+        return self.start_us + int(round(t * 1e6))
+
+    # -- calibration and sample_data
+    def _add_calibration(self) -> Dict[str, dict]:
         calib = {}
-        lidar2ego = _lidar2ego()
         tok = self.tables.add(
-            'calibrated_sensor', token=_token(self.seed, 'calib', scene_name, 'LIDAR_TOP'),
+            'calibrated_sensor', token=_token(self.seed, 'calib', self.name, 'LIDAR_TOP'),
             sensor_token=self.tables.sensor['LIDAR_TOP'], translation=list(LIDAR_TRANSLATION),
             rotation=yaw_quaternion(LIDAR_YAW), camera_intrinsic=[])['token']
-        calib['LIDAR_TOP'] = dict(token=tok, sensor2ego=lidar2ego)
+        calib['LIDAR_TOP'] = tok
         for cam in self.cams:
-            tok = self.tables.add(
-                'calibrated_sensor', token=_token(self.seed, 'calib', scene_name, cam.channel),
+            calib[cam.channel] = self.tables.add(
+                'calibrated_sensor', token=_token(self.seed, 'calib', self.name, cam.channel),
                 sensor_token=self.tables.sensor[cam.channel],
                 translation=cam.cam2ego[:3, 3].tolist(),
                 rotation=matrix_quaternion(cam.cam2ego[:3, :3]),
                 camera_intrinsic=_m(cam.intrinsic))['token']
-            calib[cam.channel] = dict(token=tok, sensor2ego=cam.cam2ego, cam=cam)
         return calib
 
-    def _sample_data(self, world: _World, t: float, start_us: int, logfile: str, sample_tok: str,
-                     calib: Dict[str, dict], chain: Dict[str, List[str]], channel: str,
-                     key: bool, ext: str, height: int = 0, width: int = 0) -> dict:
-        ts = start_us + int(round(t * 1e6))
-        folder = 'samples' if key else 'sweeps'
-        filename = f'{folder}/{channel}/{logfile}__{channel}__{ts}.{ext}'
-        e2g = world.ego2global(t)
-        pose_tok = self.tables.add('ego_pose', token=_token(self.seed, 'pose', logfile, channel, ts),
-                                   timestamp=ts, rotation=matrix_quaternion(e2g[:3, :3]),
-                                   translation=e2g[:3, 3].tolist())['token']
+    def _add_sample_data(self, t: float, sample_tok: str, channel: str, key: bool,
+                         height: int = 0, width: int = 0) -> dict:
+        """sample_data + ego_pose rows of one file; returns token, filename, timestamp,
+        ego2global of the file."""
+        ts = self._us(t)
+        ext = 'jpg' if channel.startswith('CAM') else 'pcd.bin'
+        filename = (f'{"samples" if key else "sweeps"}/{channel}/'
+                    f'{self.logfile}__{channel}__{ts}.{ext}')
+        e2g = self.world.ego2global(t)
+        pose_tok = self.tables.add(
+            'ego_pose', token=_token(self.seed, 'pose', self.logfile, channel, ts),
+            timestamp=ts, rotation=matrix_quaternion(e2g[:3, :3]),
+            translation=e2g[:3, 3].tolist())['token']
         row = self.tables.add(
-            'sample_data', token=_token(self.seed, 'sd', logfile, channel, ts),
+            'sample_data', token=_token(self.seed, 'sd', self.logfile, channel, ts),
             sample_token=sample_tok, ego_pose_token=pose_tok,
-            calibrated_sensor_token=calib[channel]['token'], timestamp=ts,
-            fileformat='pcd' if ext == 'pcd.bin' else 'jpg', is_key_frame=key,
-            height=height, width=width, filename=filename, prev='', next='')
-        chain[channel].append(row)
+            calibrated_sensor_token=self.calib[channel], timestamp=ts,
+            fileformat=ext.split('.')[0], is_key_frame=key, height=height, width=width,
+            filename=filename, prev='', next='')
+        self.chains[channel].append(row)
+        os.makedirs(osp.join(self.cfg.out_dir, osp.dirname(filename)), exist_ok=True)
         return dict(token=row['token'], filename=filename, timestamp=ts, ego2global=e2g)
 
     # -- LiDAR
-    def _lidar_record(self, world, t, start_us, logfile, sample_tok, calib, chain, points,
-                      key: bool) -> dict:
-        rec = self._sample_data(world, t, start_us, logfile, sample_tok, calib, chain,
-                                'LIDAR_TOP', key, 'pcd.bin')
-        path = osp.join(self.cfg.out_dir, rec['filename'])
-        os.makedirs(osp.dirname(path), exist_ok=True)
-        points.astype(np.float32).tofile(path)
+    def _write_lidar(self, t: float, sample_tok: str, points: np.ndarray, key: bool) -> dict:
+        rec = self._add_sample_data(t, sample_tok, 'LIDAR_TOP', key)
+        points.astype(np.float32).tofile(osp.join(self.cfg.out_dir, rec['filename']))
         return rec
 
-    def _info(self, world, t, start_us, sample_tok, key_rec, history, sample_idx) -> dict:
+    @staticmethod
+    def _lidar_info(sample_idx: int, sample_tok: str, key_rec: dict,
+                    history: List[dict]) -> dict:
+        """The info's LiDAR part; ``lidar_sweeps`` newest first, as the converter."""
         lidar2ego = _lidar2ego()
         lidar2global = key_rec['ego2global'] @ lidar2ego
         sweeps = []
         for rec in history:
-            sensor2global = rec['ego2global'] @ lidar2ego
-            lidar2sensor = np.linalg.inv(sensor2global) @ lidar2global
+            lidar2sensor = np.linalg.inv(rec['ego2global'] @ lidar2ego) @ lidar2global
             sweeps.append(dict(
                 timestamp=rec['timestamp'] / 1e6, ego2global=_m(rec['ego2global']),
                 sample_data_token=rec['token'],
@@ -598,96 +607,105 @@ class _SceneWriter:
             lidar_sweeps=sweeps)
 
     # -- annotations
-    def _annotate(self, world, t, sample_tok, boxes_l, num_pts, visibility, chain, scene_name):
-        e2g = world.ego2global(t)
-        g2l = np.linalg.inv(e2g @ _lidar2ego())
+    def _annotate(self, t: float, sample_tok: str, points: np.ndarray, boxes: np.ndarray,
+                  visibility: np.ndarray) -> List[dict]:
+        """sample_annotation rows and info ``instances`` of one key frame; ``boxes`` and
+        ``points`` are in its LiDAR frame."""
+        reach = self.sensor.max_range + 15.0
+        num_pts = [int(points_in_box_mask(points[:, :3], b).sum())
+                   if np.linalg.norm(b[:2]) < reach else 0 for b in boxes]
+        global2lidar = np.linalg.inv(self.world.ego2global(t) @ _lidar2ego())
         instances = []
-        for i, track in enumerate(world.tracks):
-            name = _CLASS_NAMES[track.label]
-            xy = track.xy(t)
-            l, w, h = track.lwh
-            vis_level = int(np.clip(np.searchsorted([0.4, 0.6, 0.8], visibility[i], side='right'), 0, 3))
-            row = self.tables.add(
-                'sample_annotation', token=_token(self.seed, 'ann', scene_name, i, sample_tok),
-                sample_token=sample_tok, instance_token=_token(self.seed, 'inst', scene_name, i),
-                visibility_token=_VISIBILITY[vis_level][0],
-                attribute_tokens=[self.tables.attribute[track.attribute]] if track.attribute else [],
-                translation=[float(xy[0]), float(xy[1]), float(h / 2)], size=[float(w), float(l), float(h)],
+        for i, track in enumerate(self.world.tracks):
+            x, y = track.xy(t)
+            l, w, h = (float(v) for v in track.lwh)
+            level = int(np.searchsorted([0.4, 0.6, 0.8], visibility[i], side='right'))
+            self.ann_chains[i].append(self.tables.add(
+                'sample_annotation', token=_token(self.seed, 'ann', self.name, i, sample_tok),
+                sample_token=sample_tok, instance_token=_token(self.seed, 'inst', self.name, i),
+                visibility_token=_VISIBILITY[level][0],
+                attribute_tokens=([self.tables.attribute[track.attribute]]
+                                  if track.attribute else []),
+                translation=[float(x), float(y), h / 2], size=[w, l, h],
                 rotation=yaw_quaternion(track.yaw), prev='', next='',
-                num_lidar_pts=int(num_pts[i]), num_radar_pts=0)
-            chain[i].append(row)
-            velocity = g2l[:3, :3] @ np.array([*track.velocity, 0.0])
-            box = boxes_l[i]
+                num_lidar_pts=num_pts[i], num_radar_pts=0))
+            velocity = global2lidar[:3, :3] @ np.array([*track.velocity, 0.0])
+            box = boxes[i]
             instances.append(dict(
                 bbox_label=track.label, bbox_label_3d=track.label,
-                bbox_3d=[float(box[0]), float(box[1]), float(box[2] + h / 2), float(l), float(w),
-                         float(h), float(box[6])],
-                bbox_3d_isvalid=bool(num_pts[i] > 0), velocity=velocity[:2].tolist(),
-                num_lidar_pts=int(num_pts[i]), num_radar_pts=0))
+                bbox_3d=[float(box[0]), float(box[1]), float(box[2]) + h / 2, l, w, h,
+                         float(box[6])],
+                bbox_3d_isvalid=num_pts[i] > 0, velocity=velocity[:2].tolist(),
+                num_lidar_pts=num_pts[i], num_radar_pts=0))
         return instances
 
-    def _finish_instances(self, world: _World, chain: Dict[int, List[dict]], scene_name: str) -> None:
-        for i, track in enumerate(world.tracks):
-            rows = chain[i]
+    def _add_instances(self) -> None:
+        for i, track in enumerate(self.world.tracks):
+            rows = self.ann_chains[i]
             self.tables.link(rows)
-            self.tables.add('instance', token=_token(self.seed, 'inst', scene_name, i),
-                            category_token=self.tables.category[_CATEGORY[_CLASS_NAMES[track.label]]],
+            category = _CATEGORY[_CLASS_NAMES[track.label]]
+            self.tables.add('instance', token=_token(self.seed, 'inst', self.name, i),
+                            category_token=self.tables.category[category],
                             nbr_annotations=len(rows), first_annotation_token=rows[0]['token'],
                             last_annotation_token=rows[-1]['token'])
 
     # -- cameras
-    def _cameras(self, rng, world, t, start_us, logfile, sample_tok, calib, chain):
-        from pyquaternion import Quaternion
-        images, cam_instances = {}, {}
+    def _write_cameras(self, rng: np.random.Generator, t: float, sample_tok: str):
+        """Render and write the six images; returns the info's ``images`` and
+        ``cam_instances``."""
+        world = self.world
         e2g = world.ego2global(t)
-        lidar2ego = _lidar2ego()
-        boxes_e = _boxes_to_frame(world.boxes(t), e2g)
-        clutter_e = (_boxes_to_frame(np.stack([b for b, _ in world.clutter]), e2g)
-                     if world.clutter else np.zeros((0, 7)))
+        boxes = _boxes_to_frame(world.boxes(t), e2g)  # ego frame
+        solids = boxes
+        if world.clutter:
+            solids = np.concatenate(
+                [boxes, _boxes_to_frame(np.stack([b for b, _ in world.clutter]), e2g)])
         colours = np.array([CLASS_COLORS[_CLASS_NAMES[tr.label]] for tr in world.tracks]
-                           + [_CLUTTER_COLORS[kind] for _, kind in world.clutter], float).reshape(-1, 3)
-        all_boxes = np.concatenate([boxes_e, clutter_e]) if len(clutter_e) else boxes_e
-        sun_e = e2g[:3, :3].T @ world.sun
+                           + [_CLUTTER_COLORS[kind] for _, kind in world.clutter], float)
+        sun = e2g[:3, :3].T @ world.sun
+        images, cam_instances = {}, {}
         for cam in self.cams:
-            h, w = cam.height, cam.width
-            rec = self._sample_data(world, t, start_us, logfile, sample_tok, calib, chain,
-                                    cam.channel, True, 'jpg', h, w)
+            rec = self._add_sample_data(t, sample_tok, cam.channel, True, cam.height, cam.width)
             ego2cam = np.linalg.inv(cam.cam2ego)
-            img = render_camera(rng, cam, ego2cam, all_boxes, colours, sun_e)
-            path = osp.join(self.cfg.out_dir, rec['filename'])
-            os.makedirs(osp.dirname(path), exist_ok=True)
-            cv2.imwrite(path, img[:, :, ::-1], [cv2.IMWRITE_JPEG_QUALITY, 92])
+            img = render_camera(rng, cam, ego2cam, solids, colours.reshape(-1, 3), sun)
+            cv2.imwrite(osp.join(self.cfg.out_dir, rec['filename']), img[:, :, ::-1],
+                        [cv2.IMWRITE_JPEG_QUALITY, 92])
             cam2global = rec['ego2global'] @ cam.cam2ego
-            lidar2cam = np.linalg.inv(cam2global) @ (e2g @ lidar2ego)
-            cam2img4 = np.eye(4)
-            cam2img4[:3, :3] = cam.intrinsic
+            lidar2cam = np.linalg.inv(cam2global) @ e2g @ _lidar2ego()
+            cam2img = np.eye(4)
+            cam2img[:3, :3] = cam.intrinsic
             images[cam.channel] = dict(
-                img_path=osp.basename(rec['filename']), height=h, width=w,
+                img_path=osp.basename(rec['filename']), height=cam.height, width=cam.width,
                 cam2img=_m(cam.intrinsic), lidar2cam=_m(lidar2cam), cam2ego=_m(cam.cam2ego),
-                lidar2img=_m(cam2img4 @ lidar2cam), sample_data_token=rec['token'],
+                lidar2img=_m(cam2img @ lidar2cam), sample_data_token=rec['token'],
                 timestamp=rec['timestamp'] / 1e6)
-            q_c2g = Quaternion(matrix=cam2global[:3, :3])
-            cam_list = []
-            for i, track in enumerate(world.tracks):
-                corners_cam = box_corners(boxes_e[i]) @ ego2cam[:3, :3].T + ego2cam[:3, 3]
-                bbox = image_bbox(corners_cam, cam)
-                centre = corners_cam.mean(0)
-                if bbox is None or centre[2] <= 0:
-                    continue
-                l, w_, h_ = track.lwh
-                q_box = q_c2g.inverse * Quaternion(yaw_quaternion(track.yaw))
-                velocity = cam2global[:3, :3].T @ np.array([*track.velocity, 0.0])
-                uvz = cam.intrinsic @ centre
-                cam_list.append(dict(
-                    bbox_label=track.label, bbox_label_3d=track.label, bbox=bbox,
-                    bbox_3d_isvalid=True,
-                    bbox_3d=[*centre.tolist(), float(l), float(h_), float(w_),
-                             float(-q_box.yaw_pitch_roll[0])],
-                    velocity=velocity[0::2].tolist(), center_2d=(uvz[:2] / uvz[2]).tolist(),
-                    depth=float(uvz[2]),
-                    attr_label=(ATTRIBUTES + ('None',)).index(track.attribute or 'None')))
-            cam_instances[cam.channel] = cam_list
+            cam_instances[cam.channel] = self._cam_instances(cam, boxes, ego2cam, cam2global)
         return images, cam_instances
+
+    def _cam_instances(self, cam: CameraModel, boxes: np.ndarray, ego2cam: np.ndarray,
+                       cam2global: np.ndarray) -> List[dict]:
+        """Objects seen by ``cam``, with the fields ``update_infos_to_v2.py`` writes."""
+        from pyquaternion import Quaternion
+        cam2global_q = Quaternion(matrix=cam2global[:3, :3])
+        out = []
+        for track, box in zip(self.world.tracks, boxes):
+            corners = box_corners(box) @ ego2cam[:3, :3].T + ego2cam[:3, 3]
+            bbox = image_bbox(corners, cam)
+            centre = corners.mean(0)
+            if bbox is None or centre[2] <= 0:
+                continue
+            l, w, h = (float(v) for v in track.lwh)
+            # as the converter: yaw of the devkit box in the camera frame, negated
+            yaw = -(cam2global_q.inverse * Quaternion(yaw_quaternion(track.yaw))).yaw_pitch_roll[0]
+            velocity = cam2global[:3, :3].T @ np.array([*track.velocity, 0.0])
+            uvz = cam.intrinsic @ centre
+            out.append(dict(
+                bbox_label=track.label, bbox_label_3d=track.label, bbox=bbox,
+                bbox_3d_isvalid=True, bbox_3d=[*centre.tolist(), l, h, w, float(yaw)],
+                velocity=velocity[0::2].tolist(), center_2d=(uvz[:2] / uvz[2]).tolist(),
+                depth=float(uvz[2]),
+                attr_label=(ATTRIBUTES + ('None',)).index(track.attribute or 'None')))
+        return out
 
 
 def _metainfo(version: str) -> dict:
@@ -697,16 +715,13 @@ def _metainfo(version: str) -> dict:
 
 def _write_scene(job: tuple) -> Tuple[Dict[str, List[dict]], List[dict]]:
     """Worker: write one scene; returns its table rows and infos (merged in order)."""
-    cfg, split, scene_idx, global_idx, name, n_samples = job
-    tables = _Tables(cfg.seed, static=False)
-    writer = _SceneWriter(cfg, tables, camera_models(*cfg.image_size),
-                          nuscenes_lidar_model(cfg.lidar_density))
-    infos = writer.write(split, scene_idx, global_idx, name, n_samples)
+    tables = _Tables(job[0].seed, static=False)
+    infos = _SceneWriter(job[0], tables, *job[1:]).write()
     return tables.rows, infos
 
 
 def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
-                      workers: int = 1) -> Dict[str, str]:
+                      workers: int = 1) -> Dict[str, object]:
     """Write the dataset described by ``cfg``.
 
     Args:
@@ -715,10 +730,12 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
         workers: processes writing scenes in parallel; the output does not depend on it.
 
     Returns:
-        dict: paths of the written ``train``/``val`` info files and the ``tables`` folder.
+        dict: paths of the written ``train``/``val`` info files and the ``tables``
+        folder; ``frames_per_s``, the generation speed.
     """
     from tqdm import tqdm
     cfg.validate()
+    start = time.perf_counter()
     if workers < 1:
         raise ValueError(f'workers={workers}: must be >= 1')
     os.makedirs(cfg.out_dir, exist_ok=True)
@@ -741,12 +758,10 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
 
     if workers == 1:
         for job in jobs:  # in-process: the bar moves frame by frame
-            writer = _SceneWriter(cfg, _Tables(cfg.seed, static=False),
-                                  camera_models(*cfg.image_size),
-                                  nuscenes_lidar_model(cfg.lidar_density))
-            scene_infos = writer.write(*job[1:], on_frame=lambda: bar.update(1))
+            rows = _Tables(cfg.seed, static=False)
+            scene_infos = _SceneWriter(cfg, rows, *job[1:]).write(lambda: bar.update(1))
             # the round trip a worker's result takes: same pickle bytes for any `workers`
-            merge(job, writer.tables.rows, pickle.loads(pickle.dumps(scene_infos)))
+            merge(job, rows.rows, pickle.loads(pickle.dumps(scene_infos)))
     else:
         import multiprocessing as mp
         with mp.get_context('spawn').Pool(workers) as pool:
@@ -764,4 +779,6 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
     tables.add_maps()
     tables.dump(cfg.out_dir, cfg.version)
     out['tables'] = osp.join(cfg.out_dir, cfg.version)
+    frames = cfg.train_frames + cfg.val_frames
+    out['frames_per_s'] = round(frames / (time.perf_counter() - start), 2)
     return out
