@@ -141,7 +141,11 @@ class NuScenesSyntheticConfig:
         clutter_per_sample: poles, walls and bushes (unannotated) per key frame (about).
             Defaults to 12.
         lidar_density: surface points per m^2 at 1 m (see ``SensorModel.density``).
-            Defaults to 3000 (about 25k points a scan).
+            Defaults to 3000 (about 13k points a scan).
+        max_range: if given, objects are placed at most this far (metres) from the ego
+            car (at the time they are placed; a moving car drives away from them), e.g.
+            to keep them inside a small model's point-cloud range. Defaults to None:
+            the evaluation's class ranges.
         overwrite: write into a non-empty ``out_dir``. Defaults to False.
     """
     out_dir: str
@@ -156,6 +160,7 @@ class NuScenesSyntheticConfig:
     objects_per_sample: int = 20
     clutter_per_sample: int = 12
     lidar_density: float = 3000.0
+    max_range: Optional[float] = None
     overwrite: bool = False
 
     def validate(self) -> None:
@@ -172,6 +177,8 @@ class NuScenesSyntheticConfig:
         h, w = self.image_size
         if h < 32 or w < 32:
             raise ValueError(f'image_size={self.image_size}: height and width must be >= 32')
+        if self.max_range is not None and self.max_range < 8:
+            raise ValueError(f'max_range={self.max_range}: must be >= 8 (metres) or None')
         if self.objects_per_sample < 1 or self.clutter_per_sample < 0:
             raise ValueError('objects_per_sample must be >= 1 and clutter_per_sample >= 0, '
                              f'got {self.objects_per_sample}, {self.clutter_per_sample}')
@@ -295,7 +302,8 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
         prior, motion = NUSCENES_CLASSES[name], _MOTION[name]
         for _ in range(40):
             t_c = duration / 2 if k < len(_CLASS_NAMES) else rng.uniform(0, duration)
-            r_max = motion.max_range * (0.6 if k < len(_CLASS_NAMES) else 1.0)
+            r_max = min(motion.max_range, cfg.max_range or np.inf)
+            r_max *= 0.6 if k < len(_CLASS_NAMES) else 1.0
             ego_xy, ego_yaw = world.ego_pose(t_c)
             r, phi = np.sqrt(rng.uniform(5.0 ** 2, r_max ** 2)), rng.uniform(-np.pi, np.pi)
             centre = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
