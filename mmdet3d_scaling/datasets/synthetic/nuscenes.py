@@ -282,12 +282,32 @@ class _Layout:
         self.radii.append(radius)
 
 
+def _candidate_track(rng: np.random.Generator, label: int, world: _World, t_c: float,
+                     r_max: float) -> _Track:
+    """An object of class ``label`` within ``r_max`` metres of the ego car at time ``t_c``."""
+    name = _CLASS_NAMES[label]
+    prior, motion = NUSCENES_CLASSES[name], _MOTION[name]
+    ego_xy, ego_yaw = world.ego_pose(t_c)
+    r, phi = np.sqrt(rng.uniform(5.0 ** 2, r_max ** 2)), rng.uniform(-np.pi, np.pi)
+    centre = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
+    moving = rng.random() < motion.p_moving
+    yaw = _heading(rng, name, float(ego_yaw), moving)
+    speed = rng.uniform(*motion.speed) if moving else 0.0
+    velocity = speed * np.array([np.cos(yaw), np.sin(yaw)])
+    lwh = np.asarray(prior.lwh) * np.clip(rng.normal(1, prior.rel_std, 3), 0.8, 1.2)
+    attribute = _attribute(rng, name, moving)
+    if attribute == 'pedestrian.sitting_lying_down':
+        lwh[2] *= 0.6
+    return _Track(label, lwh, centre - velocity * t_c, float(yaw), velocity, attribute)
+
+
 def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, duration: float,
                   origin: np.ndarray) -> _World:
     """Ego motion, then one object of each class near the middle of the scene (so every
     class is in every scene), then more objects and clutter anywhere along the drive."""
     sun = np.array([rng.uniform(-0.5, 0.5), rng.uniform(-0.5, 0.5), 1.0])
-    world = _World(ego_xy0=origin + rng.uniform(-200, 200, 2), ego_yaw0=rng.uniform(-np.pi, np.pi),
+    world = _World(ego_xy0=origin + rng.uniform(-200, 200, 2),
+                   ego_yaw0=rng.uniform(-np.pi, np.pi),
                    ego_speed=float(rng.choice([0.0, rng.uniform(2, 10)], p=[0.15, 0.85])),
                    ego_yaw_rate=float(rng.uniform(-0.05, 0.05)), sun=sun / np.linalg.norm(sun))
     times = np.arange(-(cfg.sweeps + 1) * _SWEEP_INTERVAL, duration + _SWEEP_INTERVAL,
@@ -295,32 +315,18 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
     layout = _Layout(world, times)
     extent = 1.0 + world.ego_speed * duration / 60.0  # more objects on longer drives
     weights = np.array([p.weight for p in NUSCENES_CLASSES.values()])
-    n_objects = max(len(_CLASS_NAMES), int(round(cfg.objects_per_sample * extent)))
-    for k in range(n_objects):
-        label = k if k < len(_CLASS_NAMES) else int(rng.choice(len(weights), p=weights / weights.sum()))
-        name = _CLASS_NAMES[label]
-        prior, motion = NUSCENES_CLASSES[name], _MOTION[name]
+    n_classes = len(_CLASS_NAMES)
+    for k in range(max(n_classes, int(round(cfg.objects_per_sample * extent)))):
+        label = k if k < n_classes else int(rng.choice(n_classes, p=weights / weights.sum()))
+        r_max = min(_MOTION[_CLASS_NAMES[label]].max_range, cfg.max_range or np.inf)
+        r_max = max(6.0, r_max * (0.6 if k < n_classes else 1.0))
         for _ in range(40):
-            t_c = duration / 2 if k < len(_CLASS_NAMES) else rng.uniform(0, duration)
-            r_max = min(motion.max_range, cfg.max_range or np.inf)
-            r_max *= 0.6 if k < len(_CLASS_NAMES) else 1.0
-            ego_xy, ego_yaw = world.ego_pose(t_c)
-            r, phi = np.sqrt(rng.uniform(5.0 ** 2, r_max ** 2)), rng.uniform(-np.pi, np.pi)
-            centre = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
-            moving = rng.random() < motion.p_moving
-            yaw = _heading(rng, name, float(ego_yaw), moving)
-            speed = rng.uniform(*motion.speed) if moving else 0.0
-            velocity = speed * np.array([np.cos(yaw), np.sin(yaw)])
-            lwh = np.asarray(prior.lwh) * np.clip(rng.normal(1, prior.rel_std, 3), 0.8, 1.2)
-            attribute = _attribute(rng, name, moving)
-            if attribute == 'pedestrian.sitting_lying_down':
-                lwh[2] *= 0.6
-            xy0 = centre - velocity * t_c
-            traj = xy0 + np.multiply.outer(times, velocity)
-            radius = float(np.hypot(lwh[0], lwh[1]) / 2)
+            t_c = duration / 2 if k < n_classes else rng.uniform(0, duration)
+            track = _candidate_track(rng, label, world, t_c, r_max)
+            traj, radius = track.xy(times), float(np.hypot(*track.lwh[:2]) / 2)
             if layout.fits(traj, radius):
                 layout.add(traj, radius)
-                world.tracks.append(_Track(label, lwh, xy0, float(yaw), velocity, attribute))
+                world.tracks.append(track)
                 break
     kinds = ('pole', 'wall', 'bush')
     for _ in range(int(round(cfg.clutter_per_sample * extent))):
