@@ -18,6 +18,7 @@ Usage::
     python tools/benchmark_bev_pool.py                      # CUDA if present, else CPU
     python tools/benchmark_bev_pool.py --device cpu --size reduced --batch 1
     python tools/benchmark_bev_pool.py --dtype bf16
+    python tools/benchmark_bev_pool.py --no-triton          # PyTorch only
 
 Runs with PyTorch alone (mmdet3d not needed): the ops are loaded from their files.
 """
@@ -44,7 +45,7 @@ SIZES = {
 DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
-def load_ops():
+def load_ops(no_triton: bool = False):
     """The ops package without importing mmdet3d_scaling (which needs mmdet3d)."""
     spec = importlib.util.spec_from_file_location(
         '_bevfusion_ops', os.path.join(OPS_DIR, '__init__.py'),
@@ -52,7 +53,10 @@ def load_ops():
     module = importlib.util.module_from_spec(spec)
     sys.modules['_bevfusion_ops'] = module
     spec.loader.exec_module(module)
-    return module, sys.modules['_bevfusion_ops.bev_pool']
+    bp = sys.modules['_bevfusion_ops.bev_pool']
+    if no_triton:
+        bp.bev_pool_triton.HAS_TRITON = False
+    return module, bp
 
 
 def rig_geometry(batch: int, size: dict, device: str) -> torch.Tensor:
@@ -129,7 +133,7 @@ def build_paths(inp: dict, ops, bp, device: str) -> Dict[str, Callable]:
         return 'depth_context', run
 
     paths = {
-        'pool/index_add': pool(False),
+        'pool/scatter-add (default)': pool(False),
         'pool/sorted (deterministic)': pool(True),
         'lift+pool/materialised': lift('materialised'),
         'lift+pool/lean-torch': lift('lean-torch'),
@@ -252,7 +256,7 @@ def worker(args) -> None:
     """Measure one path in this process (a fresh process per path on the CPU, so the
     peak RSS belongs to that path alone) and print its row as JSON."""
     torch.manual_seed(0)
-    ops, bp = load_ops()
+    ops, bp = load_ops(args.no_triton)
     inp = make_inputs(args.batch, SIZES[args.size], args.device, DTYPES[args.dtype], ops)
     print(json.dumps(measure(args.worker, args, inp, ops, bp)))
 
@@ -267,6 +271,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument('--dtype', choices=sorted(DTYPES), default='fp32')
     parser.add_argument('--iters', type=int, default=None)
     parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--no-triton', action='store_true',
+                        help='PyTorch only (as without Triton installed)')
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     cuda = args.device == 'cuda'
@@ -276,7 +282,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         args.batch = args.batch[0]
         return worker(args)
     batches = args.batch or ([1, 4] if cuda else [1])
-    ops, bp = load_ops()
+    ops, bp = load_ops(args.no_triton)
     print(f'device={args.device} size={args.size} {SIZES[args.size]} dtype={args.dtype} '
           f'torch={torch.__version__} triton={bp.bev_pool_triton.HAS_TRITON}')
     if cuda:
@@ -297,7 +303,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 cmd = [sys.executable, os.path.abspath(__file__), '--device', 'cpu',
                        '--size', args.size, '--batch', str(batch), '--dtype', args.dtype,
                        '--iters', str(args.iters), '--warmup', str(args.warmup),
-                       '--worker', name]
+                       '--worker', name] + (['--no-triton'] if args.no_triton else [])
                 row = json.loads(subprocess.check_output(cmd).decode().splitlines()[-1])
             print(f'{row["path"]:30s} {row["B"]:2d} {row["points"]:9d} {row["ms"]:11.2f} '
                   f'{row["peak_mib"]:9.1f} {row["rel_diff"]:12.2e}  {row["sync_free"]}')

@@ -133,7 +133,7 @@ def test_options_do_not_change_outputs_or_gradients(option):
         results.append((out, img.grad, model.depthnet[0].weight.grad,
                         model.dtransform[0].weight.grad))
     for a, b in zip(*results):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_depth_map_pixels_match_projection():
