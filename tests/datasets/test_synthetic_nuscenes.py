@@ -36,8 +36,11 @@ def root(tmp_path_factory):
 
 
 def _dataset(root, split='train', pipeline=(), test_mode=False, camera=False):
-    import mmdet3d_scaling  # noqa: F401  (registers, applies compat shims)
     from mmdet3d.datasets import NuScenesDataset
+    from mmengine.registry import init_default_scope
+
+    import mmdet3d_scaling  # noqa: F401  (registers, applies compat shims)
+    init_default_scope('mmdet3d')  # pipeline dicts are built from mmdet3d's registries
     return NuScenesDataset(
         data_root=root, ann_file=f'nuscenes_infos_{split}.pkl', data_prefix=DATA_PREFIX,
         pipeline=list(pipeline), test_mode=test_mode, metainfo=dict(classes=CLASSES),
