@@ -75,7 +75,8 @@ class HungarianAssigner3D(BaseAssigner):
                  cls_cost: dict = dict(type='mmdet.ClassificationCost', weight=1.),
                  reg_cost: dict = dict(type='BBoxBEVL1Cost', weight=1.0),
                  iou_cost: dict = dict(type='IoU3DCost', weight=1.0),
-                 iou_calculator: dict = dict(type='BboxOverlaps3D')) -> None:
+                 iou_calculator: dict = dict(type='BboxOverlaps3D',
+                                             coordinate='lidar')) -> None:
         self.cls_cost = TASK_UTILS.build(cls_cost)
         self.reg_cost = TASK_UTILS.build(reg_cost)
         self.iou_cost = TASK_UTILS.build(iou_cost)
@@ -124,7 +125,8 @@ class HeuristicAssigner3D(BaseAssigner):
     """
 
     def __init__(self, dist_thre: float = 100,
-                 iou_calculator: dict = dict(type='BboxOverlaps3D')) -> None:
+                 iou_calculator: dict = dict(type='BboxOverlaps3D',
+                                             coordinate='lidar')) -> None:
         self.dist_thre = dist_thre
         self.iou_calculator = TASK_UTILS.build(iou_calculator)
 

@@ -434,7 +434,7 @@ class TransFusionHead(nn.Module):
             cx = (box[0] - pcr[0]) / voxel[0] / osf
             cy = (box[1] - pcr[1]) / voxel[1] / osf
             center = torch.stack([cy, cx]).to(torch.int32)  # (col, row) of [X, Y]
-            draw_heatmap_gaussian(heatmap[label], center, radius)
+            draw_heatmap_gaussian(heatmap[int(label)], center, radius)
         return heatmap
 
     def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:

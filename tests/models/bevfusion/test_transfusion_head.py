@@ -149,13 +149,12 @@ def test_heatmap_target_non_square_grid():
     grid = [128, 64, 41]
     pcr = [-12.8, -6.4, -5.0, 12.8, 6.4, 3.0]
     head = build(tiny_head_cfg(in_channels=16, grid=grid, pcr=pcr))
-    box = LiDARInstance3DBoxes(torch.tensor([[8.0, 3.0, -1.8, 4, 2, 1.6, 0, 0, 0]]),
+    box = LiDARInstance3DBoxes(torch.tensor([[8.8, 2.4, -1.8, 4, 2, 1.6, 0, 0, 0]]),
                                box_dim=9)
     heatmap = head._heatmap_target(box, torch.tensor([0]), 'cpu')
     assert heatmap.shape == (10, 16, 8)  # [K, X, Y]
     peak = torch.nonzero(heatmap[0] == 1)
-    x_cell = int((8.0 - pcr[0]) / 0.2 / OSF)
-    y_cell = int((3.0 - pcr[1]) / 0.2 / OSF)
+    x_cell, y_cell = 13, 5  # cell centres: x = -12.8 + 1.6 * 13.5, y = -6.4 + 1.6 * 5.5
     assert peak.tolist() == [[x_cell, y_cell]]
     preds = head(torch.randn(1, 16, 16, 8), [{}])[0][0]
     assert preds['dense_heatmap'].shape == (1, 10, 16, 8)
