@@ -5,9 +5,11 @@ need exact arithmetic (e.g. accumulation equivalence) or a checkpoint in seconds
 """
 import torch
 from mmengine.model import BaseModel
+from mmengine.registry import DATASETS, MODELS
 from torch.utils.data import Dataset
 
 
+@MODELS.register_module(force=True)
 class ToyRegressor(BaseModel):
     """Linear regression with an MSE loss; no BatchNorm, deterministic."""
 
@@ -24,6 +26,7 @@ class ToyRegressor(BaseModel):
         return out
 
 
+@DATASETS.register_module(force=True)
 class ToyDataset(Dataset):
     """``length`` fixed random samples ``dict(inputs, targets)``."""
 
@@ -43,10 +46,10 @@ class ToyDataset(Dataset):
 def toy_runner_cfg(work_dir, max_iters: int = 4, batch_size: int = 2, **overrides) -> dict:
     """Kwargs for ``mmengine.runner.Runner`` training ToyRegressor with SGD."""
     cfg = dict(
-        model=ToyRegressor(),
+        model=dict(type='ToyRegressor'),
         work_dir=str(work_dir),
         train_dataloader=dict(
-            dataset=ToyDataset(), batch_size=batch_size, num_workers=0,
+            dataset=dict(type='ToyDataset'), batch_size=batch_size, num_workers=0,
             sampler=dict(type='DefaultSampler', shuffle=False),
             collate_fn=dict(type='default_collate')),
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=0.1)),

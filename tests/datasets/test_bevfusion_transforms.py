@@ -3,7 +3,6 @@ transforms do to pixels, points and boxes; multi-view loading from real files.""
 import numpy as np
 import pytest
 import torch
-from mmcv.transforms import Compose
 from PIL import Image
 
 import mmdet3d_scaling  # noqa: F401  (registers the transforms)
@@ -13,6 +12,18 @@ from mmdet3d.structures.points import LiDARPoints
 
 CAMS = ['CAM_FRONT', 'CAM_FRONT_RIGHT', 'CAM_FRONT_LEFT', 'CAM_BACK', 'CAM_BACK_LEFT',
         'CAM_BACK_RIGHT']
+
+
+def Compose(cfgs):
+    """mmdet3d-scoped pipeline (mmcv's Compose would look in the root registry)."""
+    transforms = [TRANSFORMS.build(c) for c in cfgs]
+
+    def run(results):
+        for t in transforms:
+            results = t(results)
+        return results
+
+    return run
 
 
 def dot_images(h=128, w=352, n=6):
@@ -213,7 +224,7 @@ def test_pipeline_packs_the_matrices_that_undo_the_augmentation(tmp_path):
     assert packed['inputs']['img'].shape == (6, 3, 64, 176)
     assert len(meta['img_aug_matrix']) == 6 and meta['lidar2img'].shape == (6, 4, 4)
     assert all(not np.allclose(m, np.eye(4)) for m in meta['img_aug_matrix'])
-    aug_pts = packed['inputs']['points'].tensor[:, :3].numpy().astype(np.float64)
+    aug_pts = packed['inputs']['points'][:, :3].numpy().astype(np.float64)
     undone = (np.linalg.inv(np.asarray(meta['lidar_aug_matrix'])) @
               homogeneous(aug_pts).T).T
     # PointShuffle is not in this pipeline, so the order is kept.

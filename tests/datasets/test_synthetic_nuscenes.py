@@ -134,6 +134,43 @@ def test_lidar_pipeline_and_points_in_boxes(root):
     assert (ann['num_lidar_pts'] > 0).all()
 
 
+def test_gt_database_feeds_object_sample(root):
+    with open(osp.join(root, 'nuscenes_dbinfos_train.pkl'), 'rb') as f:
+        db = pickle.load(f)
+    assert set(db) <= set(CLASSES) and len(db) >= 8
+    entries = [e for per_class in db.values() for e in per_class]
+    assert sorted(e['group_id'] for e in entries) == list(range(len(entries)))
+    for entry in entries[:50]:
+        pts = np.fromfile(osp.join(root, entry['path']), np.float32).reshape(-1, 5)
+        assert len(pts) == entry['num_points_in_gt'] > 0
+        box = entry['box3d_lidar']
+        assert box.shape == (9,)
+        c, s = np.cos(box[6]), np.sin(box[6])  # points relative to the bottom centre
+        local_x = c * pts[:, 0] + s * pts[:, 1]
+        local_y = -s * pts[:, 0] + c * pts[:, 1]
+        assert (np.abs(local_x) <= box[3] / 2 + 1e-3).all()
+        assert (np.abs(local_y) <= box[4] / 2 + 1e-3).all()
+        assert (pts[:, 2] >= -1e-3).all() and (pts[:, 2] <= box[5] + 1e-3).all()
+
+    db_sampler = dict(
+        data_root=root, info_path=osp.join(root, 'nuscenes_dbinfos_train.pkl'), rate=1.0,
+        prepare=dict(filter_by_difficulty=[-1],
+                     filter_by_min_points={name: 1 for name in CLASSES}),
+        classes=list(CLASSES), sample_groups={name: 2 for name in CLASSES},
+        points_loader=dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=5,
+                           use_dim=[0, 1, 2, 3, 4]))
+    pipeline = [
+        dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=5, use_dim=5),
+        dict(type='LoadPointsFromMultiSweeps', sweeps_num=9, use_dim=[0, 1, 2, 3, 4],
+             pad_empty_sweeps=True, remove_close=True),
+        dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True),
+        dict(type='ObjectSample', db_sampler=db_sampler),
+    ]
+    plain, sampled = _dataset(root, 'train'), _dataset(root, 'train', pipeline)
+    n_before = len(plain.get_data_info(0)['ann_info']['gt_labels_3d'])
+    assert len(sampled[0]['gt_labels_3d']) > n_before
+
+
 def test_multiview_images_load_with_lidar(root):
     pipeline = [
         dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=5, use_dim=5),

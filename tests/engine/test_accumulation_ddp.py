@@ -38,6 +38,10 @@ def _run(work_dir, batch_size, max_iters, cumulative_iters=1, **extra):
     from tests.toy import ToyDataset, ToyRegressor, toy_runner_cfg
 
     class StopAt(Hook):
+        # valid Python: Runner logs the config with yapf
+        def __repr__(self):
+            return 'StopAt()'
+
         def __init__(self, iters):
             self.iters = iters
 

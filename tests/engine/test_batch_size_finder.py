@@ -132,9 +132,9 @@ def test_other_errors_propagate_and_state_is_restored(parts):
     probe = ModeledMemoryProbe(model, capacity_bytes=100 * MiB, bytes_per_sample=MiB)
     batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=2)
 
-    def broken(n):
+    def broken(n):  # points with 2 features for a 4-feature voxel encoder: a real bug
         data = batches(n)
-        data['data_samples'] = data['data_samples'][:1]  # mismatched: a real bug
+        data['inputs']['points'] = [p[:, :2] for p in data['inputs']['points']]
         return data
     finder = BatchSizeFinder(model, optim_wrapper, broken, probe, max_batch_size=4)
     with pytest.raises(Exception) as info:

@@ -3,6 +3,7 @@ import json
 import os
 import socket
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -33,8 +34,11 @@ class SlowDataset(ToyDataset):
 
 def _runner(work_dir, dataset=None, max_iters=8, batch_size=2, log_interval=2,
             hook=None, **overrides) -> Runner:
+    # A unique experiment name: runners built in the same second would otherwise share
+    # mmengine's MessageHub / MMLogger instances (named by timestamp).
     cfg = toy_runner_cfg(work_dir, max_iters=max_iters, batch_size=batch_size,
-                         log_level='INFO', default_scope='mmdet3d', **overrides)
+                         log_level='INFO', default_scope='mmdet3d',
+                         experiment_name=f'gpu_monitor_{uuid.uuid4().hex[:8]}', **overrides)
     if dataset is not None:
         cfg['train_dataloader']['dataset'] = dataset
     cfg['default_hooks']['logger'] = dict(type='LoggerHook', interval=log_interval)

@@ -26,6 +26,10 @@ class Recorder(Hook):
 
     priority = 'LOWEST'
 
+    # valid Python: Runner logs the config with yapf
+    def __repr__(self):
+        return 'Recorder()'
+
     def __init__(self):
         self.lrs: List[float] = []
         self.params: List[torch.Tensor] = []
@@ -40,6 +44,10 @@ class Recorder(Hook):
 
 class StopAt(Hook):
     """Stops training after ``iters`` iterations, as an interrupted job would."""
+
+    # valid Python: Runner logs the config with yapf
+    def __repr__(self):
+        return 'StopAt()'
 
     def __init__(self, iters: int):
         self.iters = iters

@@ -1,6 +1,7 @@
 """tools/analysis/plot_gpu_monitor.py on logs written by real training runs."""
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,8 @@ PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 
 
 def _train(work_dir: Path, monitor: bool) -> None:
-    cfg = toy_runner_cfg(work_dir, max_iters=6, default_scope='mmdet3d')
+    cfg = toy_runner_cfg(work_dir, max_iters=6, default_scope='mmdet3d',
+                         experiment_name=f'plot_{uuid.uuid4().hex[:8]}')
     cfg['default_hooks']['logger'] = dict(type='LoggerHook', interval=2)
     if monitor:
         cfg['custom_hooks'] = [dict(type='GPUMonitorHook')]

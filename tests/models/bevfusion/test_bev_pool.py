@@ -4,11 +4,14 @@ Paths: the scatter-add default, the sorted (deterministic) path, and the lean
 depth x context pooling (PyTorch fallback here; the Triton kernels run only on CUDA,
 where ``test_triton_matches_fallback_on_cuda`` covers them).
 """
+import importlib
+
 import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mmdet3d_scaling.models.bevfusion.ops import bev_pool as bp
+# The module (the package's ``bev_pool`` attribute is the function, as upstream's).
+bp = importlib.import_module('mmdet3d_scaling.models.bevfusion.ops.bev_pool')
 
 PATHS = [False, True]  # deterministic flag
 
