@@ -41,6 +41,7 @@ WANT=$(cat "$REPO"/requirements/*.txt "$REPO"/setup.py | sha256sum | cut -c1-16)
 stack_imports() {
   "$PY" - <<'PY' >/dev/null 2>&1
 import mmcv, mmcv.ops, mmdet, mmdet3d, mmengine, torch, spconv, mmdet3d_scaling
+import mmdet3d.evaluation, mmdet3d.datasets, mmdet3d.models
 from mmcv.ops import Voxelization, nms_rotated
 assert mmcv.__version__.startswith('2.1.')
 PY

@@ -44,11 +44,34 @@ def _numpy_globals() -> List[Any]:
     return found
 
 
+def history_buffer_method(owner: Any, name: str) -> Any:
+    """Stands in for ``builtins.getattr`` while unpickling, limited to what it must do.
+
+    A pickled ``HistoryBuffer`` holds its statistics methods (``HistoryBuffer.min``...),
+    which pickle writes as ``getattr(HistoryBuffer, 'min')``. Allowing the real
+    ``getattr`` would let a crafted file reach arbitrary attributes; this resolves only
+    registered statistics methods of ``HistoryBuffer``.
+    """
+    from mmengine.logging.history_buffer import HistoryBuffer
+    if owner is HistoryBuffer and name in HistoryBuffer._statistics_methods:
+        return getattr(owner, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({owner!r}, {name!r}); only HistoryBuffer '
+        'statistics methods are allowed')
+
+
 def mmengine_checkpoint_globals() -> List[Any]:
     """Everything a checkpoint written by mmengine 0.10's Runner unpickles to."""
     from mmengine.logging.history_buffer import HistoryBuffer
     from mmengine.config.config import ConfigDict
-    return [HistoryBuffer, ConfigDict, *_numpy_globals()]
+    return [HistoryBuffer, ConfigDict, (history_buffer_method, 'builtins.getattr'),
+            *_numpy_globals()]
+
+
+def _global_name(entry: Any) -> str:
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
 
 
 def trusted_paths() -> List[str]:
@@ -92,8 +115,8 @@ def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
         try:
             return torch.load(filename, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as err:
-            extra = [g for g in _unsafe_globals(filename)
-                     if g not in {f'{a.__module__}.{a.__qualname__}' for a in allowed}]
+            known = {_global_name(a) for a in allowed}
+            extra = [g for g in _unsafe_globals(filename) if g not in known]
             raise UntrustedCheckpointError(
                 f'checkpoint {filename} contains objects outside the mmengine '
                 f'allow-list{": " + ", ".join(extra) if extra else ""}. Loading it '

@@ -70,3 +70,18 @@ def test_trusted_file_loads_fully(tmp_path, no_trusted):
 def test_missing_checkpoint_names_the_file(tmp_path):
     with pytest.raises(FileNotFoundError, match='nope.pth'):
         CheckpointLoader.load_checkpoint(str(tmp_path / 'nope.pth'))
+
+
+class _SneakyGetattr:
+    """Pickles as getattr(HistoryBuffer, '__init__'): a getattr outside the allow-list."""
+
+    def __reduce__(self):
+        from mmengine.logging.history_buffer import HistoryBuffer
+        return getattr, (HistoryBuffer, '__init__')
+
+
+def test_getattr_is_limited_to_history_buffer_statistics(tmp_path, no_trusted):
+    path = str(tmp_path / 'sneaky.pth')
+    torch.save(dict(meta=dict(x=_SneakyGetattr())), path)
+    with pytest.raises(shim.UntrustedCheckpointError, match='--trust-checkpoint'):
+        CheckpointLoader.load_checkpoint(path)
