@@ -11,6 +11,7 @@ import os.path as osp
 
 import pytest
 from mmengine.config import Config
+from mmengine.registry import init_default_scope
 
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
@@ -109,6 +110,7 @@ def reference():
 def test_official_size_model_state_dict_matches_reference(path, reference):
     pytest.importorskip('spconv.pytorch')
     from mmdet3d_scaling.models.bevfusion import sparse_backend as sb
+    init_default_scope('mmdet3d')
     model = MODELS.build(Config.fromfile(path).model)
     sparse = {f'{n}.weight': m for n, m in sb.iter_sparse_convs(model)}
     ours = {}
