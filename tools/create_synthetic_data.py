@@ -42,7 +42,8 @@ def run_nuscenes(args: argparse.Namespace) -> dict:
         out_dir=args.out, train_frames=args.train_frames, val_frames=args.val_frames,
         seed=args.seed, version=args.version, samples_per_scene=args.samples_per_scene,
         sweeps=args.sweeps, image_size=(900, 1600) if args.full_res else tuple(args.image_size),
-        objects_per_sample=args.objects, max_range=args.max_range, overwrite=args.overwrite)
+        objects_per_sample=args.objects, max_range=args.max_range,
+        gt_database=not args.no_gt_database, overwrite=args.overwrite)
     return generate_nuscenes(cfg, progress=not args.no_progress, workers=args.workers)
 
 
@@ -68,6 +69,8 @@ def add_nuscenes_parser(subparsers) -> None:
     parser.add_argument('--max-range', type=float, default=None,
                         help='place objects at most this many metres from the car '
                         '(default: the evaluation class ranges, 28-48 m)')
+    parser.add_argument('--no-gt-database', action='store_true',
+                        help='skip the ObjectSample database (nuscenes_dbinfos_train.pkl)')
     parser.add_argument('--overwrite', action='store_true',
                         help='write into a non-empty --out')
     parser.add_argument('--workers', type=int, default=1,

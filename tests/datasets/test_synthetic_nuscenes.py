@@ -165,10 +165,11 @@ def test_gt_database_feeds_object_sample(root):
              pad_empty_sweeps=True, remove_close=True),
         dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True),
         dict(type='ObjectSample', db_sampler=db_sampler),
+        dict(type='Pack3DDetInputs', keys=['points', 'gt_bboxes_3d', 'gt_labels_3d']),
     ]
-    plain, sampled = _dataset(root, 'train'), _dataset(root, 'train', pipeline)
-    n_before = len(plain.get_data_info(0)['ann_info']['gt_labels_3d'])
-    assert len(sampled[0]['gt_labels_3d']) > n_before
+    dataset = _dataset(root, 'train', pipeline)
+    n_before = len(dataset.get_data_info(0)['ann_info']['gt_labels_3d'])
+    assert len(dataset[0]['data_samples'].gt_instances_3d.labels_3d) > n_before
 
 
 def test_multiview_images_load_with_lidar(root):

@@ -5,6 +5,8 @@ Output (``out_dir``), the layout of ``data/nuscenes`` after mmdet3d's converter:
     samples/LIDAR_TOP/*.pcd.bin      float32 x, y, z, intensity (0-255), ring (0-31)
     sweeps/LIDAR_TOP/*.pcd.bin       non-key LiDAR sweeps before each key frame
     samples/CAM_*/*.jpg              six cameras, boxes drawn as solids coloured by class
+    nuscenes_gt_database/*.bin       ObjectSample database (train split), as mmdet3d's
+    nuscenes_dbinfos_train.pkl       create_gt_database.py writes it
     v1.0-trainval/*.json             the nuScenes database tables (or v1.0-mini/)
     maps/*.png                       placeholder map masks (the devkit wants the files)
     nuscenes_infos_{train,val}.pkl   mmdet3d's v2 info files (info_version 1.1)
@@ -39,7 +41,8 @@ from .nuscenes_sensors import (HDL32_ELEVATIONS_DEG, LIDAR_TRANSLATION, LIDAR_YA
                                yaw_matrix, yaw_quaternion)
 from .scene import SensorModel, SizePrior, clutter_size, points_in_box_mask, scan_boxes
 
-__all__ = ['NUSCENES_CLASSES', 'NuScenesSyntheticConfig', 'generate_nuscenes']
+__all__ = ['NUSCENES_CLASSES', 'CLASS_COLORS', 'NuScenesSyntheticConfig', 'generate_nuscenes',
+           'multi_sweep_points']
 
 #: The 10 detection classes in mmdet3d's order, with nuScenes' mean sizes (l, w, h).
 NUSCENES_CLASSES: Dict[str, SizePrior] = {
@@ -142,6 +145,7 @@ class NuScenesSyntheticConfig:
             Defaults to 12.
         lidar_density: surface points per m^2 at 1 m (see ``SensorModel.density``).
             Defaults to 3000 (about 13k points a scan).
+        gt_database: write the ObjectSample database of the train split. Defaults to True.
         max_range: if given, objects are placed at most this far (metres) from the ego
             car (at the time they are placed; a moving car drives away from them), e.g.
             to keep them inside a small model's point-cloud range. Defaults to None:
@@ -161,6 +165,7 @@ class NuScenesSyntheticConfig:
     clutter_per_sample: int = 12
     lidar_density: float = 3000.0
     max_range: Optional[float] = None
+    gt_database: bool = True
     overwrite: bool = False
 
     def validate(self) -> None:
@@ -489,12 +494,16 @@ class _SceneWriter:
         global_idx: index over all scenes (log name, timestamps, map).
         name: official nuScenes scene name.
         n_samples: key frames in the scene.
+        first_idx: ``sample_idx`` of the scene's first key frame in its split.
     """
 
     def __init__(self, cfg: NuScenesSyntheticConfig, tables: _Tables, split: str,
-                 scene_idx: int, global_idx: int, name: str, n_samples: int):
+                 scene_idx: int, global_idx: int, name: str, n_samples: int,
+                 first_idx: int):
         self.cfg, self.tables, self.seed = cfg, tables, cfg.seed
-        self.name, self.n_samples = name, n_samples
+        self.name, self.n_samples, self.first_idx = name, n_samples, first_idx
+        self.gt_database = cfg.gt_database and split == 'train'
+        self.db_entries: List[dict] = []  # ObjectSample entries, without group_id
         self.rng_key = [cfg.seed, 0 if split == 'train' else 1, scene_idx]
         self.cams = camera_models(*cfg.image_size)
         self.sensor = nuscenes_lidar_model(cfg.lidar_density)
@@ -525,19 +534,27 @@ class _SceneWriter:
                    description=f'synthetic scene, seed {self.seed}')
         infos: List[dict] = []
         history: List[dict] = []  # LiDAR sample_data so far, newest last
+        scans: Dict[str, np.ndarray] = {}  # their points (the last max_sweeps + 1)
         for k, sample_tok in enumerate(sample_toks):
             t_key = k * _KEY_INTERVAL
             for j in range(cfg.sweeps, 0, -1):
                 t = t_key - j * _SWEEP_INTERVAL
                 points, _, _ = _scan(self._rng(k, j), self.world, t, self.sensor)
                 history.append(self._write_lidar(t, sample_tok, points, key=False))
+                scans[history[-1]['token']] = points
             rng = self._rng(k, 0)
             points, boxes, visibility = _scan(rng, self.world, t_key, self.sensor)
             key_rec = self._write_lidar(t_key, sample_tok, points, key=True)
-            info = self._lidar_info(k, sample_tok, key_rec, history[::-1][:cfg.max_sweeps])
+            info = self._lidar_info(self.first_idx + k, sample_tok, key_rec,
+                                    history[::-1][:cfg.max_sweeps])
             history.append(key_rec)
+            scans[key_rec['token']] = points
             info['instances'] = self._annotate(t_key, sample_tok, points, boxes, visibility)
             info['images'], info['cam_instances'] = self._write_cameras(rng, t_key, sample_tok)
+            if self.gt_database:
+                self._write_db_entries(info, points, scans)
+            for tok in [rec['token'] for rec in history[:-cfg.max_sweeps - 1]]:
+                scans.pop(tok, None)
             infos.append(info)
             if on_frame is not None:
                 on_frame()
@@ -545,6 +562,30 @@ class _SceneWriter:
             tables.link(chain)
         self._add_instances()
         return infos
+
+    def _write_db_entries(self, info: dict, points: np.ndarray,
+                          scans: Dict[str, np.ndarray]) -> None:
+        """Cut the objects of one train key frame out of its multi-sweep point cloud,
+        as mmdet3d's ``create_gt_database.py`` does for nuScenes (valid boxes only,
+        points relative to the box bottom centre)."""
+        sweeps = [(scans[sw['sample_data_token']], np.asarray(sw['lidar_points']['lidar2sensor']),
+                   info['timestamp'] - sw['timestamp']) for sw in info['lidar_sweeps']]
+        cloud = multi_sweep_points(points, sweeps)
+        valid = [inst for inst in info['instances'] if inst['bbox_3d_isvalid']]
+        folder = osp.join(self.cfg.out_dir, 'nuscenes_gt_database')
+        os.makedirs(folder, exist_ok=True)
+        for i, inst in enumerate(valid):
+            box = np.array([*inst['bbox_3d'], *inst['velocity']], np.float32)
+            box[2] -= box[5] / 2  # gravity centre -> bottom centre
+            obj = cloud[points_in_box_mask(cloud[:, :3], box[:7].astype(np.float64))]
+            obj[:, :3] -= box[:3]
+            name = _CLASS_NAMES[inst['bbox_label_3d']]
+            filename = f'{info["sample_idx"]}_{name}_{i}.bin'
+            obj.tofile(osp.join(folder, filename))
+            self.db_entries.append(dict(
+                name=name, path=f'nuscenes_gt_database/{filename}',
+                image_idx=info['sample_idx'], gt_idx=i, box3d_lidar=box,
+                num_points_in_gt=len(obj), difficulty=np.int32(0)))
 
     def _rng(self, key_frame: int, sweep: int) -> np.random.Generator:
         """The generator of one LiDAR frame (sweep 0: the key frame and its images)."""
@@ -727,11 +768,30 @@ def _metainfo(version: str) -> dict:
                 dataset='nuscenes', version=version, info_version='1.1')
 
 
-def _write_scene(job: tuple) -> Tuple[Dict[str, List[dict]], List[dict]]:
-    """Worker: write one scene; returns its table rows and infos (merged in order)."""
+def multi_sweep_points(points: np.ndarray, sweeps: Sequence[Tuple[np.ndarray, np.ndarray, float]]
+                       ) -> np.ndarray:
+    """What ``LoadPointsFromMultiSweeps(remove_close=True)`` makes of a key frame's
+    ``points`` (N, 5) and its ``sweeps``, each (points, lidar2sensor 4x4, time lag in s):
+    the same transform (mmdet3d 1.4's, including its translation convention) and the
+    time lag in column 4."""
+    clouds = [points.copy()]
+    clouds[0][:, 4] = 0
+    for sweep_points, lidar2sensor, lag in sweeps:
+        pts = sweep_points[~((np.abs(sweep_points[:, 0]) < 1.0)
+                             & (np.abs(sweep_points[:, 1]) < 1.0))].copy()
+        pts[:, :3] = pts[:, :3] @ lidar2sensor[:3, :3]
+        pts[:, :3] -= lidar2sensor[:3, 3]
+        pts[:, 4] = lag
+        clouds.append(pts)
+    return np.concatenate(clouds).astype(np.float32)
+
+
+def _write_scene(job: tuple) -> Tuple[Dict[str, List[dict]], List[dict], List[dict]]:
+    """Worker: write one scene; returns its table rows, infos and ObjectSample entries."""
     tables = _Tables(job[0].seed, static=False)
-    infos = _SceneWriter(job[0], tables, *job[1:]).write()
-    return tables.rows, infos
+    writer = _SceneWriter(job[0], tables, *job[1:])
+    infos = writer.write()
+    return tables.rows, infos, writer.db_entries
 
 
 def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
@@ -753,35 +813,40 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
     if workers < 1:
         raise ValueError(f'workers={workers}: must be >= 1')
     os.makedirs(cfg.out_dir, exist_ok=True)
-    jobs, global_idx = [], 0
+    jobs = []
     for split, n in (('train', cfg.train_frames), ('val', cfg.val_frames)):
+        first_idx = 0
         for scene_idx, (name, n_samples) in enumerate(
                 _split_scenes(cfg.version, split, n, cfg.samples_per_scene)):
-            jobs.append((cfg, split, scene_idx, global_idx, name, n_samples))
-            global_idx += 1
+            jobs.append((cfg, split, scene_idx, len(jobs), name, n_samples, first_idx))
+            first_idx += n_samples
     bar = tqdm(total=cfg.train_frames + cfg.val_frames, desc='synthetic nuScenes',
                unit='frame', disable=not progress)
     tables = _Tables(cfg.seed)
     infos: Dict[str, List[dict]] = {'train': [], 'val': []}
+    db_infos: Dict[str, List[dict]] = {}
 
-    def merge(job: tuple, rows: Dict[str, List[dict]], scene_infos: List[dict]) -> None:
+    def merge(job: tuple, result: tuple) -> None:
+        # the round trip a worker's result takes: same pickle bytes for any `workers`
+        rows, scene_infos, db_entries = pickle.loads(pickle.dumps(result))
         tables.extend(rows)
-        for info in scene_infos:
-            info['sample_idx'] = len(infos[job[1]])
-            infos[job[1]].append(info)
+        infos[job[1]].extend(scene_infos)
+        for entry in db_entries:  # each object its own group, numbered in order
+            entry['group_id'] = sum(map(len, db_infos.values()))
+            db_infos.setdefault(entry['name'], []).append(entry)
 
     if workers == 1:
         for job in jobs:  # in-process: the bar moves frame by frame
             rows = _Tables(cfg.seed, static=False)
-            scene_infos = _SceneWriter(cfg, rows, *job[1:]).write(lambda: bar.update(1))
-            # the round trip a worker's result takes: same pickle bytes for any `workers`
-            merge(job, rows.rows, pickle.loads(pickle.dumps(scene_infos)))
+            writer = _SceneWriter(cfg, rows, *job[1:])
+            scene_infos = writer.write(lambda: bar.update(1))
+            merge(job, (rows.rows, scene_infos, writer.db_entries))
     else:
         import multiprocessing as mp
         with mp.get_context('spawn').Pool(workers) as pool:
-            for job, (rows, scene_infos) in zip(jobs, pool.imap(_write_scene, jobs)):
-                merge(job, rows, scene_infos)
-                bar.update(job[-1])
+            for job, result in zip(jobs, pool.imap(_write_scene, jobs)):
+                merge(job, result)
+                bar.update(job[5])
     bar.close()
     out = {}
     for split, split_infos in infos.items():
@@ -790,6 +855,10 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
             pickle.dump(dict(metainfo=_metainfo(cfg.version), data_list=split_infos), f,
                         protocol=4)
         out[split] = path
+    if cfg.gt_database:
+        out['gt_database'] = osp.join(cfg.out_dir, 'nuscenes_dbinfos_train.pkl')
+        with open(out['gt_database'], 'wb') as f:
+            pickle.dump(db_infos, f, protocol=4)
     tables.add_maps()
     tables.dump(cfg.out_dir, cfg.version)
     out['tables'] = osp.join(cfg.out_dir, cfg.version)
