@@ -248,7 +248,7 @@ class BEVFusion(Base3DDetector):
 
     def _forward(self, batch_inputs_dict: dict,
                  batch_data_samples: Optional[List[Det3DDataSample]] = None, **kwargs):
-        """Raw head outputs (``mode='tensor'``): ``([[dict]],)``."""
+        """Raw head outputs (``mode='tensor'``): ``([dict],)``."""
         metas = [s.metainfo for s in batch_data_samples] if batch_data_samples else []
         feats = self.extract_feat(batch_inputs_dict, metas)
         return self.bbox_head(feats, metas)

@@ -246,11 +246,11 @@ class TransFusionHead(nn.Module):
         out['dense_heatmap'] = dense_heatmap
         return [out]
 
-    def forward(self, feats, metas: Optional[List[dict]] = None) -> Tuple[List[List[dict]]]:
+    def forward(self, feats, metas: Optional[List[dict]] = None) -> Tuple[List[dict]]:
         """Head on one BEV map (a tensor or a one-element list).
 
         Returns:
-            tuple: ``([[dict]],)``, upstream's layout: preds[0][0] is the dict of
+            tuple: ``([dict],)``, upstream's layout: preds[0][0] is the dict of
             :meth:`forward_single`.
         """
         if isinstance(feats, (list, tuple)):
@@ -258,7 +258,7 @@ class TransFusionHead(nn.Module):
                 raise ValueError(f'TransFusionHead takes one feature level, got '
                                  f'{len(feats)}; fuse the neck outputs first.')
             feats = feats[0]
-        return ([self.forward_single(feats, metas)], )
+        return (self.forward_single(feats, metas), )
 
     # ------------------------------------------------------------------ predict
 

@@ -12,6 +12,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
+from mmengine.registry import init_default_scope
+
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
 from mmdet3d.structures import Det3DDataSample, LiDARInstance3DBoxes
@@ -29,6 +31,9 @@ PCR = [-12.8, -12.8, -5.0, 12.8, 12.8, 3.0]
 VOXEL = [0.2, 0.2, 0.2]
 GRID = [128, 128, 41]
 OSF = 8
+
+# As in a Runner: unscoped type names (Det3DDataPreprocessor, ...) resolve in mmdet3d.
+init_default_scope('mmdet3d')
 
 
 def tiny_head_cfg(num_decoder_layers: int = 1, num_proposals: int = 20,
