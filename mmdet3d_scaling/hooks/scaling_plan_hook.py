@@ -1,6 +1,5 @@
 """ScalingPlanHook: print the scaling plan, store it in checkpoints, and resume a
 checkpoint on another GPU count at the same place in the schedule."""
-import logging
 from typing import Any, Dict, List, Optional
 
 from mmengine.hooks import Hook
@@ -147,7 +146,9 @@ class ScalingPlanHook(Hook):
                     if key not in state:
                         continue
                     value = int(state[key])
-                    if per_micro_step:
+                    if value <= 0:
+                        pass  # not started yet (-1) or at the start: nothing to scale
+                    elif per_micro_step:
                         value = convert_step(value, old, new)
                     elif old.total_batch != new.total_batch:
                         value = value * old.total_batch // new.total_batch

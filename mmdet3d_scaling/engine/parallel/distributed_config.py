@@ -103,6 +103,15 @@ def _configure_determinism(cfg: Config) -> None:
         os.environ.setdefault('CUBLAS_WORKSPACE_CONFIG', ':4096:8')
 
 
+def _check_compression_backend(cfg: Config, compression: Any) -> None:
+    """torch's bf16 hook refuses any backend but NCCL >= 2.10: say so before start."""
+    backend = ((cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('backend', 'nccl')
+    if compression == 'bf16' and backend != 'nccl':
+        raise ValueError(
+            f"distributed.comm_compression='bf16' needs the NCCL backend (CUDA, NCCL >= "
+            f"2.10), but this run uses {backend!r}; use 'fp16' or None here.")
+
+
 def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
     wrapper = dict(cfg.get('model_wrapper_cfg') or {})
     for key in _WRAPPER_KEYS:
@@ -111,6 +120,7 @@ def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
                              f'model_wrapper_cfg.{key}': wrapper.get(key),
                              key: top})
         wrapper[key] = DEFAULTS[key] if value is None else value
+    _check_compression_backend(cfg, wrapper['comm_compression'])
     cfg.pop('sync_bn', None)  # the wrapper converts it (mmengine's convert misses cases)
     if wrapper['find_unused_parameters'] == 'auto':
         wrapper['probe_dataloader'] = cfg.get('train_dataloader')

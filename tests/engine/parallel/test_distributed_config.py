@@ -28,11 +28,19 @@ def test_distributed_run_gets_the_scaling_wrapper_with_defaults(tmp_path):
 def test_options_reach_the_wrapper(tmp_path):
     cfg = _prepared(tmp_path, distributed=dict(
         find_unused_parameters='auto', static_graph=True, bucket_cap_mb=50,
-        comm_compression='bf16', sync_bn='naive'))
+        comm_compression='fp16', sync_bn='naive'))
     w = cfg.model_wrapper_cfg
     assert (w.find_unused_parameters, w.static_graph, w.bucket_cap_mb,
-            w.comm_compression, w.sync_bn) == ('auto', True, 50, 'bf16', 'naive')
+            w.comm_compression, w.sync_bn) == ('auto', True, 50, 'fp16', 'naive')
     assert w.probe_dataloader.batch_size == cfg.train_dataloader.batch_size
+
+
+def test_bf16_compression_needs_nccl(tmp_path):
+    with pytest.raises(ValueError, match="'bf16' needs the NCCL backend.*'gloo'"):
+        _prepared(tmp_path, distributed=dict(comm_compression='bf16'))
+    cfg = toy_cfg(str(tmp_path), launcher='pytorch', distributed=dict(comm_compression='bf16'))
+    cfg.env_cfg.dist_cfg.backend = 'nccl'
+    assert configure_distributed(cfg).model_wrapper_cfg.comm_compression == 'bf16'
 
 
 def test_timeout_default_explicit_and_conflict(tmp_path):
