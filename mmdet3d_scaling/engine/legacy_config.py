@@ -187,7 +187,11 @@ def translate_optimizer_config(cfg: Config) -> Config:
     value = sources[0][1]
     _optim_wrapper(cfg, HOOK_TYPE)['accumulative_counts'] = value
     kept = [h for h in cfg.get('custom_hooks') or [] if h not in hooks]
-    cfg.custom_hooks = kept + [dict(type=HOOK_TYPE, cumulative_iters=value)]
+    # keep the user's entry (its scope, priority); else a scoped type, which the
+    # registry finds whatever the config's default_scope
+    hook = dict(hooks[0]) if hooks else dict(type=f'mmdet3d.{HOOK_TYPE}')
+    hook['cumulative_iters'] = value
+    cfg.custom_hooks = kept + [hook]
     _use_optimizer_step_schedulers(cfg)
     return cfg
 
@@ -211,7 +215,8 @@ def _use_optimizer_step_schedulers(cfg: Config) -> None:
     current = default_hooks.get('param_scheduler', dict(type='ParamSchedulerHook'))
     if isinstance(current, dict) and _type_name(
             current.get('type')) == 'ParamSchedulerHook':
-        default_hooks['param_scheduler'] = dict(current, type=SCHEDULER_HOOK_TYPE)
+        default_hooks['param_scheduler'] = dict(current,
+                                                type=f'mmdet3d.{SCHEDULER_HOOK_TYPE}')
 
 
 # ------------------------------------------------------------------------ AMP

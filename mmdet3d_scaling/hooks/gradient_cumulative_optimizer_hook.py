@@ -253,6 +253,8 @@ class GradientCumulativeOptimizerHook(Hook):
         for group in wrapper.optimizer.param_groups:
             for key in [k for k in group if k.startswith('initial_')]:
                 group[key[len('initial_'):]] = group[key]
+            if 'initial_momentum' in group and 'betas' in group:  # Adam: beta_0
+                group['betas'] = (group['initial_momentum'], *group['betas'][1:])
         steps_per_epoch = self.optimizer_steps_per_epoch(runner)
         total = self.total_optimizer_steps(runner)
         schedulers = []

@@ -35,7 +35,7 @@ def _run(work_dir, batch_size, max_iters, cumulative_iters=1, **extra):
     from mmengine.model import MMDistributedDataParallel
     from mmengine.runner import Runner
 
-    from tests.toy import ToyDataset, ToyRegressor, toy_runner_cfg
+    from tests.toy import toy_runner_cfg
 
     class StopAt(Hook):
         # valid Python: Runner logs the config with yapf
@@ -49,15 +49,14 @@ def _run(work_dir, batch_size, max_iters, cumulative_iters=1, **extra):
             if runner.iter + 1 == self.iters:
                 runner.train_loop.stop_training = True
 
-    torch.manual_seed(0)
     stop_at = extra.pop('stop_at', None)
     cfg = toy_runner_cfg(work_dir, max_iters=max_iters, batch_size=batch_size,
-                         model=ToyRegressor(), launcher='pytorch',
-                         default_scope='mmdet3d',
+                         launcher='pytorch', default_scope='mmdet3d',
+                         randomness=dict(seed=0),
                          default_hooks=dict(checkpoint=dict(
                              type='CheckpointHook', interval=6, by_epoch=False)),
                          custom_hooks=[StopAt(stop_at)] if stop_at else [], **extra)
-    cfg['train_dataloader']['dataset'] = ToyDataset(length=48)
+    cfg['train_dataloader']['dataset'] = dict(type='ToyDataset', length=48)
     cfg['optim_wrapper'] = dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9),
                                 clip_grad=dict(max_norm=0.5))
     cfg['param_scheduler'] = [dict(type='LinearLR', start_factor=0.25, by_epoch=False,

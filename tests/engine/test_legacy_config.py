@@ -19,7 +19,7 @@ from mmdet3d_scaling.engine.legacy_config import (ConfigConflictError,
                                                   translate_optimizer_config)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import \
     GradientCumulativeOptimizerHook
-from tests.toy import ToyDataset, toy_runner_cfg
+from tests.toy import toy_runner_cfg
 
 SGD = dict(type='SGD', lr=0.1, momentum=0.9)
 
@@ -154,7 +154,7 @@ class StepCounter(Hook):
 def toy_config(work_dir, **keys) -> Config:
     cfg = toy_runner_cfg(work_dir, max_iters=8, batch_size=2, default_scope='mmdet3d',
                          custom_hooks=[StepCounter()])
-    cfg['train_dataloader']['dataset'] = ToyDataset(length=16)
+    cfg['train_dataloader']['dataset'] = dict(type='ToyDataset', length=16)
     cfg['optim_wrapper'] = dict(optimizer=SGD)
     cfg.update(keys)
     return Config(cfg)
@@ -198,9 +198,10 @@ def test_prepare_config_twice_changes_nothing(tmp_path):
 
 CLI_CONFIG = '''
 default_scope = 'mmdet3d'
-model = dict(type='AccumulationTestRegressor')
+custom_imports = dict(imports=['tests.toy', 'mmdet3d_scaling'])
+model = dict(type='ToyRegressor')
 train_dataloader = dict(
-    dataset=dict(type='AccumulationTestDataset', length=8), batch_size=2,
+    dataset=dict(type='ToyDataset', length=8), batch_size=2,
     num_workers=0, sampler=dict(type='DefaultSampler', shuffle=False),
     collate_fn=dict(type='default_collate'))
 optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01))
@@ -211,10 +212,6 @@ log_level = 'WARNING'
 
 
 def test_tools_train_amp_on_cpu(tmp_path):
-    from mmdet3d.registry import DATASETS, MODELS
-    from tests.toy import ToyRegressor
-    MODELS.register_module('AccumulationTestRegressor', module=ToyRegressor, force=True)
-    DATASETS.register_module('AccumulationTestDataset', module=ToyDataset, force=True)
     config = tmp_path / 'toy_amp.py'
     config.write_text(CLI_CONFIG)
     from mmdet3d_scaling.engine.cli import train_main

@@ -4,6 +4,7 @@ Equivalence tests compare N micro-batches of b samples with one batch of N*b sam
 (the toy model has no BatchNorm and a batch-mean loss, so they must agree in fp32).
 """
 import glob
+import uuid
 import os.path as osp
 from typing import Dict, List
 
@@ -11,12 +12,13 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
+from mmengine.registry import MODELS
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hook, applies the shims)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import (
     CHECKPOINT_KEY, GradientCumulativeOptimizerHook, batch_norm_layers)
-from tests.toy import ToyDataset, ToyRegressor, toy_runner_cfg
+from tests.toy import ToyRegressor, toy_runner_cfg
 
 TOL = 1e-5
 
@@ -57,6 +59,7 @@ class StopAt(Hook):
             runner.train_loop.stop_training = True
 
 
+@MODELS.register_module(force=True)
 class ToyBNRegressor(ToyRegressor):
     def __init__(self):
         super().__init__()
@@ -67,13 +70,16 @@ class ToyBNRegressor(ToyRegressor):
 
 
 def toy_cfg(work_dir, batch_size: int, dataset_len: int, cumulative_iters: int = 1,
-            max_iters: int = None, max_epochs: int = None, model=None,
+            max_iters: int = None, max_epochs: int = None, model='ToyRegressor',
             param_scheduler=None, clip_grad=None, hooks=(), **extra) -> dict:
-    torch.manual_seed(0)  # the same initial weights in every run
     cfg = toy_runner_cfg(work_dir, max_iters=max_iters or 1, batch_size=batch_size)
-    cfg['model'] = model or ToyRegressor()
-    cfg['train_dataloader']['dataset'] = ToyDataset(length=dataset_len)
+    cfg['model'] = dict(type=model)
+    cfg['train_dataloader']['dataset'] = dict(type='ToyDataset', length=dataset_len)
     cfg['default_scope'] = 'mmdet3d'
+    cfg['randomness'] = dict(seed=0)  # the same initial weights in every run
+    # mmengine names the logger after the experiment (default: a timestamp in
+    # seconds); runners created in the same second would share a log file.
+    cfg['experiment_name'] = f'acc_{uuid.uuid4().hex}'
     cfg['optim_wrapper'] = dict(optimizer=dict(type='SGD', lr=0.1, momentum=0.9),
                                 clip_grad=clip_grad)
     if max_epochs:
@@ -193,7 +199,7 @@ def test_resume_in_the_middle_of_a_window(tmp_path):
 
 def test_batch_norm_warning_once_naming_layers(tmp_path):
     runner = train(toy_cfg(tmp_path, batch_size=2, dataset_len=8, cumulative_iters=2,
-                           max_epochs=2, model=ToyBNRegressor()))
+                           max_epochs=2, model='ToyBNRegressor'))
     assert batch_norm_layers(runner.model) == ['norm']
     log = ''.join(open(f).read() for f in glob.glob(osp.join(tmp_path, '*', '*.log')))
     assert log.count('GradientCumulativeOptimizerHook: the model has 1 BatchNorm '
