@@ -1,2 +1,6 @@
 """hooks of mmdet3d_scaling."""
+from .gpu_monitor_hook import GPUMonitorHook  # noqa: F401
+from .gradient_cumulative_optimizer_hook import GradientCumulativeOptimizerHook  # noqa: F401,E501
+from .optimizer_step_param_scheduler_hook import OptimizerStepParamSchedulerHook  # noqa: F401,E501
 from .scaling_plan_hook import ScalingPlanHook  # noqa: F401
+from .auto_batch_size_hook import AutoBatchSizeHook  # noqa: F401
