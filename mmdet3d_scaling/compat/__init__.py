@@ -11,6 +11,8 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 |                     |                              | scaling) silently ignored by Runner.from_cfg |
 | point_loading       | mmdet3d 1.4.0                | a corrupt point file fails without its name  |
 | mmcv_ops            | mmcv 2.x                     | missing compiled ops fail late, without fix  |
+| amp_cpu             | mmengine 0.10.x              | AmpOptimWrapper asserts a GPU; CPU-only runs |
+|                     |                              | degrade to bf16 autocast / fp32, logged      |
 | dist_cpu            | mmengine 0.10.x, CPU torch   | init_dist calls torch.cuda.set_device: gloo  |
 |                     |                              | runs under torchrun/srun/mpirun die at start |
 """
@@ -18,10 +20,10 @@ from . import mmcv_ops
 
 mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
-from . import checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402
+from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
 
-for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, dist_cpu):
+for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu):
     _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
-           'dist_cpu']
+           'amp_cpu', 'dist_cpu']

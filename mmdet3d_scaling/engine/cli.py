@@ -97,8 +97,9 @@ def _enable_amp(cfg: Config) -> None:
         return
     if wrapper != 'OptimWrapper':
         raise ValueError(f'--amp needs optim_wrapper.type OptimWrapper, got {wrapper!r}')
+    # loss_scale left unset: AmpOptimWrapper defaults to 'dynamic', and a legacy
+    # `fp16 = dict(loss_scale=...)` in the config then fills it without a conflict.
     cfg.optim_wrapper.type = 'AmpOptimWrapper'
-    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
 
 
 def _build_runner(cfg: Config) -> Runner:

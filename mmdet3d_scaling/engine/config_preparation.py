@@ -9,6 +9,7 @@ from mmengine.config import Config
 from ..compat.checkpoint import trust_checkpoints
 from ..datasets.preflight import check_data_paths
 from .launcher import resolve_launcher, world_size
+from .legacy_config import translate_amp_config, translate_optimizer_config
 from .parallel import configure_devices, configure_distributed
 from .scaling_recipe import apply_scaling_recipe
 
@@ -26,6 +27,8 @@ def prepare_config(cfg: Config) -> Config:
     cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
     apply_trusted_checkpoints(cfg)
     configure_devices(cfg)
+    translate_optimizer_config(cfg)  # mmcv 1.x optimizer_config, accumulation hook
+    translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp
     apply_scaling_recipe(cfg, world_size(cfg.launcher))  # after accumulation translation
     configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
     check_data_paths(cfg)  # last: earlier steps may rewrite data paths
