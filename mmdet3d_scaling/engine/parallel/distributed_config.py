@@ -5,7 +5,7 @@
     distributed = dict(
         find_unused_parameters=False,  # True | False | 'auto' (probe one batch, name them)
         static_graph=False,            # DDP static_graph
-        gradient_as_bucket_view=True,  # gradients live in the all-reduce buckets
+        gradient_as_bucket_view=False, # True: gradients live in the all-reduce buckets
         bucket_cap_mb=25,              # DDP bucket size, MiB
         broadcast_buffers=False,       # as mmengine's default wrapper
         comm_compression=None,         # None | 'fp16' | 'bf16' gradient all-reduce
@@ -30,7 +30,7 @@ from .sync_bn import IMPLEMENTATIONS
 WRAPPER = 'ScalingDistributedDataParallel'
 _WRAPPER_TYPES = (None, 'MMDistributedDataParallel', WRAPPER)
 DEFAULTS: Dict[str, Any] = dict(
-    find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=True,
+    find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=False,
     bucket_cap_mb=25, broadcast_buffers=False, comm_compression=None, sync_bn=None,
     timeout_minutes=60, detect_anomalous_params=False)
 _WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_view',

@@ -104,7 +104,8 @@ def check_sync_bn_sparse_encoder(rank, world, out):
 def check_ddp_four_processes(rank, world, out):
     # 16 = 4 GPUs x 2 per GPU x 2 accumulation (DDP no_sync inside each window)
     runner = Runner.from_cfg(toy_cfg(osp.join(out, 'ddp4'), launcher='pytorch',
-                                     scaling=dict(total_batch_size=16), name='ddp4'))
+                                     scaling=dict(total_batch_size=16), name='ddp4',
+                                     distributed=dict(gradient_as_bucket_view=True)))
     runner.train()
     return dict(params=params_of(runner.model),
                 acc=runner.optim_wrapper._accumulative_counts,

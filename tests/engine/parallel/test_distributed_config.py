@@ -21,7 +21,7 @@ def test_distributed_run_gets_the_scaling_wrapper_with_defaults(tmp_path):
     assert (wrapper.find_unused_parameters, wrapper.static_graph,
             wrapper.gradient_as_bucket_view, wrapper.bucket_cap_mb,
             wrapper.broadcast_buffers, wrapper.comm_compression) == (
-                False, False, True, 25, False, None)
+                False, False, False, 25, False, None)
     assert 'probe_dataloader' not in wrapper
 
 
