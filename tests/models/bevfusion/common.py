@@ -20,7 +20,8 @@ from mmdet3d.structures import Det3DDataSample, LiDARInstance3DBoxes
 from mmengine.structures import InstanceData
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
-REFERENCE_JSON = '/work/shared/reference/official_bevfusion_state_dict.json'
+REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+                          'data', 'reference', 'official_bevfusion_state_dict.json')
 LIDAR_CONFIG_NAME = 'bevfusion_lidar_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
 UPSTREAM_LIDAR_CONFIG = osp.join(REPO, 'tests', 'data', 'upstream_configs',
                                  LIDAR_CONFIG_NAME + '.py')

@@ -3,7 +3,7 @@
 Shapes and gradients at a reduced size; gradient checkpointing / lean pooling /
 deterministic pooling change nothing in the outputs; the LiDAR depth map and the
 frustum geometry agree with the camera model; state-dict names and shapes of the
-official configuration equal mmdet3d's (``/work/shared/reference``).
+official configuration equal mmdet3d's (``tests/data/reference``).
 """
 import copy
 import json
@@ -17,7 +17,8 @@ import torch
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
 
-REFERENCE_JSON = '/work/shared/reference/official_bevfusion_state_dict.json'
+REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+                          'data', 'reference', 'official_bevfusion_state_dict.json')
 LIDAR_CAM = 'bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
 
 # Official camera-branch settings (mmdet3d 1.4's LiDAR-camera config).

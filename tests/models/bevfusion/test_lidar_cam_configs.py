@@ -22,7 +22,8 @@ CFG_DIR = osp.join(REPO, 'configs', 'bevfusion')
 BASE = osp.join(CFG_DIR, 'bevfusion_lidar-cam_voxel0075_second_secfpn_nus-3d.py')
 ONE_GPU = osp.join(REPO, 'configs', 'bevfusion_1gpu.py')
 SYNTHETIC = osp.join(CFG_DIR, 'bevfusion_lidar-cam_synthetic_nus_cpu.py')
-REFERENCE_JSON = '/work/shared/reference/official_bevfusion_state_dict.json'
+REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
+                          'data', 'reference', 'official_bevfusion_state_dict.json')
 LIDAR_CAM = 'bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
 
 
