@@ -31,6 +31,19 @@ class H4ToyWithUnused(ToyRegressor):
         self.unused_head = torch.nn.Linear(in_features, 2)
 
 
+@MODELS.register_module(name='H4ToyWithBN', force=True)
+class H4ToyWithBN(ToyRegressor):
+    """ToyRegressor behind a BatchNorm1d (to see SyncBN statistics)."""
+
+    def __init__(self, in_features: int = 4):
+        super().__init__(in_features)
+        self.bn = torch.nn.BatchNorm1d(in_features)
+
+    def forward(self, inputs, targets=None, mode='tensor'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        return super().forward(self.bn(inputs), targets, mode)
+
+
 @DATASETS.register_module(name='H4ToyDataset', force=True)
 class H4ToyDataset(ToyDataset):
     pass

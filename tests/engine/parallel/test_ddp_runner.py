@@ -80,6 +80,19 @@ def check_seeds_per_rank(rank, world, out):
     return dict(seed=torch.initial_seed())
 
 
+def check_sync_bn_from_the_config(rank, world, out):
+    # the CLI's --sync_bn torch sets the top-level key; without CUDA it becomes 'naive'
+    cfg = toy_cfg(osp.join(out, 'syncbn'), launcher='pytorch', name='syncbn',
+                  model='H4ToyWithBN', max_iters=2, sync_bn='torch')
+    runner = Runner.from_cfg(cfg)
+    runner.train()
+    bn = runner.model.module.bn
+    gathered = [torch.zeros_like(bn.running_mean) for _ in range(world)]
+    torch.distributed.all_gather(gathered, bn.running_mean)
+    return dict(type=type(bn).__name__,
+                spread=max((g - gathered[0]).abs().max().item() for g in gathered))
+
+
 def check_sync_bn_sparse_encoder(rank, world, out):
     from tests.engine.parallel.test_sync_bn import build_encoder, sparse_input
     from mmdet3d_scaling.engine.parallel.sync_bn import (convert_sync_bn,
@@ -135,7 +148,8 @@ def two_process_results(tmp_path_factory):
     assert osp.isfile(osp.join(out, 'ref', 'iter_8.pth'))
     results = spawn_checks(2, out, [
         check_ddp_matches_reference, check_probe_names_unused, check_fp16_comm_hook,
-        check_resume_on_two_gpus, check_seeds_per_rank, check_sync_bn_sparse_encoder])
+        check_resume_on_two_gpus, check_seeds_per_rank, check_sync_bn_sparse_encoder,
+        check_sync_bn_from_the_config])
     return dict(out=out, ref=params_of(ref.model), ref_acc=ref.optim_wrapper.
                 _accumulative_counts, results=results)
 
@@ -197,6 +211,13 @@ def test_naive_sync_bn_synchronises_a_sparse_encoder(two_process_results):
         assert r['plain'] > 1e-7  # different voxels: per-rank statistics differ ...
         assert r['synced'] <= 1e-6  # ... unless synchronised
         assert r['synced_type'] == 'NaiveSyncBatchNorm1d'
+
+
+def test_sync_bn_from_the_config_synchronises_statistics(two_process_results):
+    for rank_result in two_process_results['results']:
+        r = rank_result['check_sync_bn_from_the_config']
+        assert r['type'] == 'NaiveSyncBatchNorm1d'
+        assert r['spread'] <= 1e-6  # each rank saw other samples, same statistics
 
 
 def test_four_processes_match_single_process(tmp_path):
