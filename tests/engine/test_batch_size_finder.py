@@ -28,18 +28,27 @@ def data_root(tmp_path_factory):
     return data_root_for_tests(str(tmp_path_factory.mktemp('abs_data')))
 
 
-@pytest.fixture
-def parts(data_root, tmp_path):
-    cfg = demo_config(data_root, str(tmp_path))
+@pytest.fixture(scope='module')
+def shared(data_root, tmp_path_factory):
+    """One model, optimizer and dataset for the module: every search must leave them
+    as it found them, which the tests check."""
+    cfg = demo_config(data_root, str(tmp_path_factory.mktemp('abs_work')))
     torch.manual_seed(0)
     model, optim_wrapper, dataset = build_parts(cfg)
-    return model, optim_wrapper, dataset
-
-
-def _finder(parts, probe_kwargs, margin=0.1, max_batch_size=16, steps=1, **kwargs):
-    model, optim_wrapper, dataset = parts
-    probe = ModeledMemoryProbe(model, **probe_kwargs)
     batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=4)
+    return model, optim_wrapper, dataset, batches
+
+
+@pytest.fixture
+def parts(shared):
+    model, optim_wrapper, dataset, _ = shared
+    yield model, optim_wrapper, dataset
+    assert not model._forward_pre_hooks, 'a test left a memory probe attached'
+
+
+def _finder(shared, probe_kwargs, margin=0.1, max_batch_size=8, steps=1, **kwargs):
+    model, optim_wrapper, _, batches = shared
+    probe = ModeledMemoryProbe(model, **probe_kwargs)
     finder = BatchSizeFinder(model, optim_wrapper, batches, probe, margin=margin,
                              steps_per_trial=steps, max_batch_size=max_batch_size,
                              **kwargs)
@@ -51,68 +60,75 @@ def _params(model):
 
 
 # --------------------------------------------------------------------- the search
-@pytest.mark.parametrize('margin,expected', [(0.1, 6), (0.3, 4)])
-def test_search_finds_largest_batch_under_the_margin(parts, margin, expected):
-    # memory = 2 MiB + 1 MiB per sample; capacity 9 MiB -> limit 8.1 / 6.3 MiB
-    finder, _ = _finder(parts, dict(capacity_bytes=9 * MiB, fixed_bytes=2 * MiB,
-                                    bytes_per_sample=MiB), margin=margin)
+def test_search_finds_largest_batch_under_the_margin(shared, parts):
+    # memory = 2 MiB + 1 MiB per sample; capacity 5 MiB, 10 % kept free: limit 4.5 MiB
+    probe_kwargs = dict(capacity_bytes=5 * MiB, fixed_bytes=2 * MiB, bytes_per_sample=MiB)
+    finder, probe = _finder(shared, probe_kwargs)
     result = finder.search()
-    assert result.batch_size == result.local_batch_size == expected
-    tried = [t.batch_size for t in result.trials]
-    assert tried[:4] == [1, 2, 4, 8]  # doubling until the first failure
-    assert all(t.fits == (t.batch_size <= expected) for t in result.trials)
-    assert {expected, expected + 1} <= set(tried)  # bisection pinned the boundary
-    assert result.limit_bytes == int(9 * MiB * (1 - margin))
-    assert not result.hit_upper_bound
+    probe.detach()
+    assert result.batch_size == result.local_batch_size == 2
+    # doubling until the first failure (4), then bisection between 2 and 4
+    assert [(t.batch_size, t.fits) for t in result.trials] == [
+        (1, True), (2, True), (4, False), (3, False)]
+    assert [t.peak_bytes for t in result.trials if not t.oom] == [3 * MiB, 4 * MiB,
+                                                                  5 * MiB]
+    assert result.limit_bytes == int(4.5 * MiB) and not result.hit_upper_bound
+    # half the memory kept free: 2.5 MiB allowed, a batch of 1 needs 3
+    finder, probe = _finder(shared, probe_kwargs, margin=0.5)
+    with pytest.raises(RuntimeError, match='even a batch of 1 does not fit'):
+        finder.search()
+    probe.detach()
+    assert [t.batch_size for t in finder.trials] == [1]
 
 
-def test_upper_bound_stops_the_growth(parts):
-    finder, _ = _finder(parts, dict(capacity_bytes=100 * MiB, fixed_bytes=0,
-                                    bytes_per_sample=MiB), max_batch_size=3)
+def test_upper_bound_stops_the_growth(shared, parts):
+    finder, probe = _finder(shared, dict(capacity_bytes=100 * MiB, fixed_bytes=0,
+                                         bytes_per_sample=MiB), max_batch_size=2)
     result = finder.search()
-    assert [t.batch_size for t in result.trials] == [1, 2, 3]
-    assert result.batch_size == 3 and result.hit_upper_bound
+    probe.detach()
+    assert [t.batch_size for t in result.trials] == [1, 2]
+    assert result.batch_size == 2 and result.hit_upper_bound
 
 
-def test_oom_in_a_trial_is_handled_and_state_restored(parts):
+def test_oom_in_a_trial_is_handled_and_state_restored(shared, parts):
     model, optim_wrapper, _ = parts
     before = _params(model)
     torch.manual_seed(123)
     expected_draw = torch.rand(3)
     torch.manual_seed(123)
-    # the modelled device raises a real torch.cuda.OutOfMemoryError above 5.5 MiB,
-    # inside the forward of batch 6; the limit with margin alone would allow 8
-    finder, probe = _finder(parts, dict(capacity_bytes=10 * MiB, fixed_bytes=0,
-                                        bytes_per_sample=MiB,
-                                        oom_bytes=int(5.5 * MiB)), steps=2)
+    # a real torch.cuda.OutOfMemoryError above 3.5 MiB, raised inside the forward of
+    # batch 4; the limit with the margin alone would allow 9
+    finder, probe = _finder(shared, dict(capacity_bytes=10 * MiB, fixed_bytes=0,
+                                         bytes_per_sample=MiB, oom_bytes=int(3.5 * MiB)))
     result = finder.search()
-    assert result.batch_size == 5
-    assert any(t.oom for t in result.trials) and all(
-        t.oom for t in result.trials if t.batch_size > 5)
+    probe.detach()
+    assert result.batch_size == 3
+    assert [(t.batch_size, t.oom) for t in result.trials] == [
+        (1, False), (2, False), (4, True), (3, False)]
     after = _params(model)
     assert before.keys() == after.keys()
     assert all(torch.equal(before[k], after[k]) for k in before)
-    assert not optim_wrapper.optimizer.state  # Adam moments freed with the trials
+    assert not optim_wrapper.optimizer.state  # AdamW moments freed with the trials
     assert all(p.grad is None for p in model.parameters())
     assert torch.equal(torch.rand(3), expected_draw)  # RNG as before the search
     assert optim_wrapper._accumulative_counts == 1 and optim_wrapper._inner_count == 0
-    probe.detach()
 
 
-def test_trials_really_train(parts):
+def test_trials_really_train(shared, parts):
     """A trial changes the weights (real optimizer steps) before they are restored."""
     model, optim_wrapper, _ = parts
-    finder, _ = _finder(parts, dict(capacity_bytes=100 * MiB, bytes_per_sample=MiB))
+    finder, probe = _finder(shared, dict(capacity_bytes=100 * MiB, bytes_per_sample=MiB),
+                            steps=2)
     state = TrainingState(model, optim_wrapper)
-    finder.steps_per_trial = 2
     original = _params(model)
     changed = {}
 
     def record(module, args, kwargs):  # the last call is the second step's forward
         changed.update({k: v.detach().clone() for k, v in module.state_dict().items()})
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
-    trial = finder.try_batch(2, state)
+    trial = finder.try_batch(1, state)
     handle.remove()
+    probe.detach()
     assert trial.fits
     # the second step's forward saw weights updated by the first step's optimizer step
     assert any(not torch.equal(original[k], changed[k]) for k in original
@@ -120,26 +136,23 @@ def test_trials_really_train(parts):
     assert all(torch.equal(original[k], v) for k, v in _params(model).items())
 
 
-def test_batch_of_one_not_fitting_is_a_clear_error(parts):
-    finder, _ = _finder(parts, dict(capacity_bytes=MiB, fixed_bytes=2 * MiB))
-    with pytest.raises(RuntimeError, match='even a batch of 1 does not fit'):
-        finder.search()
-
-
-def test_other_errors_propagate_and_state_is_restored(parts):
-    model, optim_wrapper, dataset = parts
+def test_other_errors_propagate_and_state_is_restored(shared, parts):
+    model, optim_wrapper, _, batches = shared
     before = _params(model)
     probe = ModeledMemoryProbe(model, capacity_bytes=100 * MiB, bytes_per_sample=MiB)
-    batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=2)
 
     def broken(n):  # points with 2 features for a 4-feature voxel encoder: a real bug
         data = batches(n)
         data['inputs']['points'] = [p[:, :2] for p in data['inputs']['points']]
         return data
     finder = BatchSizeFinder(model, optim_wrapper, broken, probe, max_batch_size=4)
-    with pytest.raises(Exception) as info:
-        finder.search()
+    try:
+        with pytest.raises((IndexError, RuntimeError)) as info:
+            finder.search()
+    finally:
+        probe.detach()
     assert not is_out_of_memory(info.value)
+    assert [t.batch_size for t in finder.trials] == []  # the first trial raised
     assert all(torch.equal(before[k], v) for k, v in _params(model).items())
 
 
@@ -151,6 +164,9 @@ def test_bad_arguments(parts):
     with pytest.raises(ValueError, match='init_batch_size'):
         BatchSizeFinder(model, optim_wrapper, lambda n: None, probe, init_batch_size=8,
                         max_batch_size=4)
+    probe.detach()
+    with pytest.raises(ValueError, match='capacity_bytes'):
+        ModeledMemoryProbe(model, capacity_bytes=0)
 
 
 def test_is_out_of_memory():
@@ -175,21 +191,20 @@ def test_largest_samples_are_picked(parts):
     assert smallest not in picked[:1]
 
 
-def test_bigger_samples_cost_more_modelled_memory(parts):
-    """With a per-element model, batches of the largest samples need more memory than
-    batches of the smallest: the bias shows up in the search result."""
-    model, optim_wrapper, dataset = parts
-    sizes = [sample_size(dataset.get_data_info(i))['points'] for i in range(len(dataset))]
-    probe = ModeledMemoryProbe(model, capacity_bytes=2**40, bytes_per_element=8.0,
-                               fixed_bytes=0)
-    state = TrainingState(model, optim_wrapper)
-    peaks = {}
-    for name, idx in (('large', int(np.argmax(sizes))), ('small', int(np.argmin(sizes)))):
-        finder = BatchSizeFinder(model, optim_wrapper,
-                                 lambda n, i=idx: pseudo_collate([dataset[i]] * n), probe)
-        peaks[name] = finder.try_batch(2, state).peak_bytes
-    assert peaks['large'] > peaks['small']
-    probe.detach()
+def test_trial_batches_hold_the_largest_samples(parts):
+    _, _, dataset = parts
+    batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=3)
+    data = batches(3)
+    paths = [s.lidar_path for s in data['data_samples']]
+    infos = [dataset.get_data_info(i) for i in range(len(dataset))]
+    sizes = [sample_size(info) for info in infos]
+    top_points = max(s['points'] for s in sizes)
+    top_boxes = max(s['boxes'] for s in sizes)
+    score = [s['points'] / top_points + s['boxes'] / top_boxes for s in sizes]
+    picked = [infos[i]['lidar_points']['lidar_path'] for i in batches.indices]
+    assert paths == picked  # the batch went through the pipeline from those files
+    others = [score[i] for i in range(len(infos)) if i not in batches.indices]
+    assert min(score[i] for i in batches.indices) >= max(others)
 
 
 def test_candidates_cycle_and_are_loaded_once(parts):
@@ -241,13 +256,13 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
         torch.manual_seed(0)
         model, optim_wrapper, dataset = build_parts(cfg)
         model.train()
-        # rank 0 holds 7 samples, rank 1 only 3: both must train with 3
-        capacity = (7 if rank == 0 else 3) * MiB
+        # rank 0 holds 2 samples, rank 1 only 1: both must train with 1
+        capacity = (2 if rank == 0 else 1) * MiB
         probe = ModeledMemoryProbe(model, capacity_bytes=capacity, fixed_bytes=0,
                                    bytes_per_sample=MiB, oom_bytes=capacity)
         batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=2)
         finder = BatchSizeFinder(model, optim_wrapper, batches, probe, margin=0.0,
-                                 steps_per_trial=1, max_batch_size=8)
+                                 steps_per_trial=1, max_batch_size=2)
         result = finder.search()
         cache = ResultCache(osp.join(out_dir, 'cache.json'))
         if rank == 0:
@@ -266,7 +281,8 @@ def test_ranks_agree_on_the_minimum(data_root, tmp_path):
     mp.spawn(_rank_main, args=(2, _free_port(), data_root, str(tmp_path)), nprocs=2,
              join=True)
     out = [pickle.load(open(tmp_path / f'rank{r}.pkl', 'rb')) for r in range(2)]
-    assert [o['local'] for o in out] == [7, 3]
-    assert [o['batch'] for o in out] == [3, 3]
-    assert [o['cached'] for o in out] == [3, 3]
-    assert out[1]['ooms']  # rank 1 ran out of memory mid-trial without hanging rank 0
+    assert [o['local'] for o in out] == [2, 1]
+    assert [o['batch'] for o in out] == [1, 1]
+    assert [o['cached'] for o in out] == [1, 1]
+    assert out[0]['ooms'] == [] and out[1]['ooms'] == [2]  # rank 1 ran out of memory
+    # in its trial of 2 while rank 0 trained 2 without waiting for it
