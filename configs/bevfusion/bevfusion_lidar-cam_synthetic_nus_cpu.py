@@ -8,8 +8,8 @@
 #   python tools/test.py configs/bevfusion/bevfusion_lidar-cam_synthetic_nus_cpu.py \
 #       work_dirs/bevfusion_lidar-cam_synthetic_nus_cpu/iter_300.pth
 #
-# Differences to the official camera branch, all for speed: 64 x 176 network images
-# (resize ~0.26 instead of ~0.48), a Swin of one block per stage and 24 base channels
+# Differences to the official camera branch, all for speed: 64 x 192 network images
+# (resize ~0.29 instead of ~0.48), a Swin of one block per stage and 24 base channels
 # (no pretrained weights), a 32-channel neck, 16 BEV channels, 2 m depth bins up to
 # 41 m, a 0.8 m BEV grid over the LiDAR recipe's 51.2 m x 51.2 m (64 x 64 cells, 32 x 32
 # after the stride-2 downsample, as the LiDAR BEV map). The lean pooling path is on.
@@ -17,8 +17,8 @@ _base_ = ['./bevfusion_lidar_synthetic_nus_cpu.py']
 
 point_cloud_range = [-25.6, -25.6, -5.0, 25.6, 25.6, 3.0]
 input_modality = dict(use_lidar=True, use_camera=True)
-final_dim = [64, 176]
-feature_size = [8, 22]  # final_dim / 8 (the neck's finest output: Swin stage 2)
+final_dim = [64, 192]  # multiples of 32: the data preprocessor pads to 32
+feature_size = [8, 24]  # final_dim / 8 (the neck's finest output: Swin stage 2)
 cam_bev_channels = 16
 lidar_bev_channels = 128  # the LiDAR smoke recipe's sparse encoder output
 
@@ -84,7 +84,7 @@ train_pipeline = [
     *load_points,
     dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True,
          with_attr_label=False),
-    dict(type='ImageAug3D', final_dim=final_dim, resize_lim=[0.25, 0.28],
+    dict(type='ImageAug3D', final_dim=final_dim, resize_lim=[0.28, 0.31],
          bot_pct_lim=[0.0, 0.0], rot_lim=[-5.4, 5.4], rand_flip=True, is_train=True),
     dict(type='BEVFusionGlobalRotScaleTrans', scale_ratio_range=[0.9, 1.1],
          rot_range=[-0.78539816, 0.78539816], translation_std=0.5),
@@ -102,7 +102,7 @@ test_pipeline = [
     dict(type='BEVLoadMultiViewImageFromFiles', to_float32=True, color_type='color',
          num_views=6),
     *load_points,
-    dict(type='ImageAug3D', final_dim=final_dim, resize_lim=[0.265, 0.265],
+    dict(type='ImageAug3D', final_dim=final_dim, resize_lim=[0.29, 0.29],
          bot_pct_lim=[0.0, 0.0], rot_lim=[0.0, 0.0], rand_flip=False, is_train=False),
     dict(type='PointsRangeFilter', point_cloud_range=point_cloud_range),
     dict(type='Pack3DDetInputs', keys=['img', 'points', 'gt_bboxes_3d', 'gt_labels_3d'],
