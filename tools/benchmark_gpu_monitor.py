@@ -122,10 +122,11 @@ def run_once(args, monitor: bool, work_dir: str) -> Dict[str, float]:
         optim_wrapper=dict(optimizer=dict(type='SGD', lr=1e-3)),
         train_cfg=dict(by_epoch=False, max_iters=iters),
         default_hooks=dict(logger=dict(type='LoggerHook', interval=args.interval),
-                           checkpoint=dict(type='CheckpointHook', interval=10**9)),
+                           checkpoint=dict(type='CheckpointHook', interval=10**9,
+                                           save_last=False)),
         custom_hooks=hooks,
         default_scope='mmdet3d',
-        log_level='WARNING',
+        log_level='ERROR',
         env_cfg=dict(dist_cfg=dict(backend='nccl' if args.device == 'cuda' else 'gloo')),
     )
     runner.train()

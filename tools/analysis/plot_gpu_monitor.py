@@ -130,12 +130,13 @@ def plot_across_ranks(records: Sequence[dict], out_dir: Path) -> Optional[Path]:
     for ax, key in zip(axes[:, 0], keys):
         steps, low = _series(records, f'{key}_min')
         _, high = _series(records, f'{key}_max')
-        ax.fill_between(steps, low, high, alpha=0.3, label='min..max over ranks')
-        ax.plot(steps, low, lw=1)
-        ax.plot(steps, high, lw=1)
+        ax.fill_between(steps, low, high, color='tab:blue', alpha=0.25,
+                        label='min..max over ranks')
+        ax.plot(steps, low, color='tab:blue', lw=1, marker='.')
+        ax.plot(steps, high, color='tab:blue', lw=1, marker='.')
         own_steps, own = _series(records, key)
-        if own_steps:
-            ax.plot(own_steps, own, '--', label='rank 0')
+        if own_steps:  # the JSON log is written by rank 0
+            ax.plot(own_steps, own, '--', color='tab:orange', label='rank 0')
         ax.set(title=key, xlabel='iteration')
         ax.grid(alpha=0.3)
         ax.legend(fontsize='small')
