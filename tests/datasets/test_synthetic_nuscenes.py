@@ -224,7 +224,8 @@ def test_objects_drawn_where_they_project(root):
                 matches = []
                 for box in info['instances']:
                     p = lidar2img @ np.array([*box['bbox_3d'][:3], 1.0])
-                    matches.append(np.hypot(*(p[:2] / p[2] - inst['center_2d'])) if p[2] > 0 else 1e9)
+                    gap = np.hypot(*(p[:2] / p[2] - inst['center_2d'])) if p[2] > 0 else 1e9
+                    matches.append(gap)
                 assert min(matches) < 1e-2
         assert lidar_boxes
     assert checked >= 20

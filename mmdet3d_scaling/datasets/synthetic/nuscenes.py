@@ -342,7 +342,8 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
             phi = rng.uniform(-np.pi, np.pi)
             xy = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
             lwh = clutter_size(rng, kind)
-            yaw = float(ego_yaw + rng.normal(0, 0.1)) if kind == 'wall' else rng.uniform(-np.pi, np.pi)
+            yaw = (float(ego_yaw + rng.normal(0, 0.1)) if kind == 'wall'
+                   else rng.uniform(-np.pi, np.pi))
             traj = np.broadcast_to(xy, (len(times), 2))
             radius = float(np.hypot(lwh[0], lwh[1]) / 2)
             if layout.fits(traj, radius):
