@@ -265,6 +265,14 @@ class GradientCumulativeOptimizerHook(Hook):
             schedulers.append(PARAM_SCHEDULERS.build(
                 cfg, default_args=dict(optimizer=wrapper, epoch_length=steps_per_epoch)))
         runner.param_schedulers = schedulers
+        for cfg, scheduler in zip(cfgs, schedulers):
+            if not scheduler.by_epoch and total < scheduler.end < 2**31:  # not INF
+                print_log(
+                    f'GradientCumulativeOptimizerHook: {cfg.get("type")} ends at '
+                    f'optimizer step {scheduler.end}, but this run has {total} '
+                    f'optimizer steps ({self.cumulative_iters} micro-steps each): '
+                    'iteration-based scheduler counts are optimizer steps.',
+                    logger='current', level=logging.WARNING)
         print_log(
             f'GradientCumulativeOptimizerHook: {self.cumulative_iters} micro-steps per '
             f'optimizer step; parameter schedulers count optimizer steps '
