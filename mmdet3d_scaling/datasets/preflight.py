@@ -106,7 +106,8 @@ def _check_evaluator(evaluator, where: str) -> List[str]:
     for i, metric in enumerate(metrics):
         if not isinstance(metric, dict) or not metric.get('ann_file'):
             continue
-        path = _resolve(metric.get('data_root') or '', metric['ann_file'])
+        # Metrics (KittiMetric, NuScenesMetric) open ann_file as given, not under data_root.
+        path = metric['ann_file']
         if not _is_remote(path, metric) and not osp.isfile(path):
             key = where if len(metrics) == 1 else f'{where}[{i}]'
             problems.append(f'{key} ({metric.get("type")}): ann_file={path!r} does not '
