@@ -1,4 +1,4 @@
-"""Config steps for mmcv 1.x keys that mmengine silently ignores, and the plugin's ``amp``.
+"""Config steps for mmcv 1.x keys that mmengine ignores, and the plugin's ``amp`` key.
 
 Called from :func:`mmdet3d_scaling.engine.config_preparation.prepare_config`:
 
@@ -235,11 +235,11 @@ def _merge_legacy_fp16(cfg: Config, loss_scale: Any) -> None:
     if fp16 is None:
         cfg.fp16 = dict(loss_scale=loss_scale)
         return
-    _conflict('fp16 loss_scale', [
-        ('optimizer_config.loss_scale', _check_loss_scale(loss_scale,
-                                                          'optimizer_config.loss_scale')),
-        ('fp16.loss_scale', _check_loss_scale(fp16.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE),
-                                              'fp16.loss_scale'))])
+    legacy = _check_loss_scale(loss_scale, 'optimizer_config.loss_scale')
+    current = _check_loss_scale(fp16.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE),
+                                'fp16.loss_scale')
+    _conflict('fp16 loss_scale', [('optimizer_config.loss_scale', legacy),
+                                  ('fp16.loss_scale', current)])
 
 
 def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
@@ -249,7 +249,7 @@ def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
     if fp16 is not None:
         if not isinstance(fp16, dict) or set(fp16) - {'loss_scale'}:
             raise ValueError(f'fp16 must be dict(loss_scale=...) (mmcv 1.x), got '
-                             f'{fp16!r}; for bfloat16 use amp = dict(dtype=\'bfloat16\').')
+                             f"{fp16!r}; for bfloat16 use amp = dict(dtype='bfloat16').")
         requests.append(('fp16', dict(dtype='float16', loss_scale=_check_loss_scale(
             fp16.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE), 'fp16.loss_scale'))))
     if amp is not None and amp is not False:

@@ -75,7 +75,8 @@ def test_hook_in_custom_hooks_sets_the_wrapper():
 
 def test_unknown_optimizer_config_type_is_an_error():
     with pytest.raises(ValueError, match="'DistOptimizerHook'"):
-        translate_optimizer_config(cfg_of(optimizer_config=dict(type='DistOptimizerHook')))
+        translate_optimizer_config(
+            cfg_of(optimizer_config=dict(type='DistOptimizerHook')))
 
 
 @pytest.mark.parametrize('other, place', [
