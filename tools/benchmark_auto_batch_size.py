@@ -39,6 +39,8 @@ from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
+from mmdet3d.registry import HOOKS
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mmdet3d_scaling  # noqa: E402,F401
 from mmdet3d_scaling.engine.batch_size_finder import (  # noqa: E402
@@ -86,8 +88,8 @@ class TrainingWatch(Hook):
 
     priority = 'LOWEST'
 
-    def __init__(self, args):
-        self.args = args
+    def __init__(self, args: dict):
+        self.args = argparse.Namespace(**args)
         self.probe = None
         self.iters = 0
         self.start = self.seconds = None
@@ -114,7 +116,10 @@ class TrainingWatch(Hook):
                 self.probe.detach()
 
 
-def build_runner(args, watch: TrainingWatch) -> Runner:
+HOOKS.register_module(module=TrainingWatch, force=True)
+
+
+def build_runner(args) -> Runner:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
@@ -140,9 +145,11 @@ def build_runner(args, watch: TrainingWatch) -> Runner:
         probe = dict(type='ModeledMemoryProbe', capacity_bytes=int(args.capacity_mib * MiB),
                      bytes_per_sample=args.mib_per_sample * MiB,
                      bytes_per_element=args.bytes_per_element)
-    search = AutoBatchSizeHook(margin=args.margin, steps_per_trial=args.steps_per_trial,
-                               max_batch_size=args.max_batch_size, adjust=args.adjust,
-                               use_cache=False, probe=probe)
+    search = dict(type='AutoBatchSizeHook', margin=args.margin,
+                  steps_per_trial=args.steps_per_trial,
+                  max_batch_size=args.max_batch_size, adjust=args.adjust,
+                  use_cache=False, probe=probe)
+    watch = dict(type='TrainingWatch', args=vars(args))
     cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
                         if not (isinstance(h, dict) and h.get('type') ==
                                 'AutoBatchSizeHook')] + [search, watch]
@@ -174,8 +181,7 @@ def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
 def run(args) -> Dict[str, Any]:
     if args.probe == 'auto':
         args.probe = 'cuda' if torch.cuda.is_available() else 'modeled'
-    runner = build_runner(args, TrainingWatch(args))
-    # Runner.from_cfg deep-copies the config: use the hook objects the runner holds
+    runner = build_runner(args)
     search = next(h for h in runner.hooks if isinstance(h, AutoBatchSizeHook))
     watch = next(h for h in runner.hooks if isinstance(h, TrainingWatch))
     oom_at = None

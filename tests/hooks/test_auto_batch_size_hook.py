@@ -1,7 +1,8 @@
 """AutoBatchSizeHook in a real mmengine Runner training the demo PointPillars on
 synthetic KITTI-format data; a modelled device (1 MiB per sample) stands in for the GPU.
 
-With capacity 5 MiB and the default 10 % margin, 4 samples fit and 5 do not."""
+With capacity 3 MiB and the default 10 % margin (2.7 MiB allowed), 2 samples fit and 3
+do not."""
 import json
 import os.path as osp
 from typing import List
@@ -13,6 +14,7 @@ from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hooks, wraps Runner.from_cfg)
+from mmdet3d.registry import HOOKS
 from mmdet3d_scaling.engine.auto_batch_size import configure_auto_batch_size
 from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook
 from tests.auto_batch_size_common import data_root_for_tests, demo_config
@@ -21,7 +23,7 @@ MiB = 2**20
 
 
 def probe(per_sample: float = MiB) -> dict:
-    return dict(type='ModeledMemoryProbe', capacity_bytes=5 * MiB, fixed_bytes=0,
+    return dict(type='ModeledMemoryProbe', capacity_bytes=3 * MiB, fixed_bytes=0,
                 bytes_per_sample=per_sample)
 
 
@@ -40,6 +42,9 @@ class BatchRecorder(Hook):
         self.stepped.append(runner.optim_wrapper.should_update())
 
 
+HOOKS.register_module(module=BatchRecorder, force=True)  # configs must stay printable
+
+
 @pytest.fixture(scope='module')
 def data_root(tmp_path_factory):
     return data_root_for_tests(str(tmp_path_factory.mktemp('abs_hook_data')))
@@ -52,8 +57,8 @@ def _hooks(runner, kind):
 def _run(cfg: Config, **hook_args) -> Runner:
     hooks = list(cfg.get('custom_hooks') or [])
     if hook_args:
-        hooks.append(dict(type='AutoBatchSizeHook', steps_per_trial=1, **hook_args))
-    cfg.custom_hooks = hooks + [BatchRecorder()]
+        hooks.append(dict(dict(type='AutoBatchSizeHook', steps_per_trial=1), **hook_args))
+    cfg.custom_hooks = hooks + [dict(type='BatchRecorder')]
     runner = Runner.from_cfg(cfg)
     runner.train()
     return runner
@@ -61,87 +66,89 @@ def _run(cfg: Config, **hook_args) -> Runner:
 
 def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path):
     work_dir = str(tmp_path / 'work')
-    cfg = demo_config(data_root, work_dir, batch_size=8, max_iters=2)
+    cfg = demo_config(data_root, work_dir, batch_size=4, max_iters=1)
     lr = cfg.optim_wrapper.optimizer.lr
     runner = _run(cfg, probe=probe())
     hook = _hooks(runner, AutoBatchSizeHook)[0]
     rec = _hooks(runner, BatchRecorder)[0]
-    assert hook.result.batch_size == 4 and not hook.result.from_cache
-    assert [t.batch_size for t in hook.result.trials] == [1, 2, 4, 8, 6, 5]
+    assert hook.result.batch_size == 2 and not hook.result.from_cache
+    assert [t.batch_size for t in hook.result.trials] == [1, 2, 4, 3]
     assert (hook.plan.per_gpu_batch, hook.plan.accumulation, hook.plan.total_batch) == \
-        (4, 2, 8)
-    # 2 optimizer steps of 8 samples as configured: 4 iterations of 4, stepping on 2nd
-    assert rec.batches == [4, 4, 4, 4]
-    assert rec.stepped == [False, True, False, True]
+        (2, 2, 4)
+    # 1 optimizer step of 4 samples as configured: 2 iterations of 2, stepping on 2nd
+    assert rec.batches == [2, 2]
+    assert rec.stepped == [False, True]
     assert runner.optim_wrapper._accumulative_counts == 2
-    assert runner.train_dataloader.batch_size == 4
-    # the LR schedule still spans the run: 2 optimizer steps = 4 loop iterations
-    assert runner.param_schedulers[0].end == 4
+    assert runner.train_dataloader.batch_size == 2
+    # the LR schedule still spans the run: 1 optimizer step = 2 loop iterations
+    assert runner.param_schedulers[0].end == 2
     group = runner.optim_wrapper.optimizer.param_groups[0]
     assert group['initial_lr'] == pytest.approx(lr)
-    assert osp.isfile(osp.join(work_dir, 'iter_4.pth'))
+    assert osp.isfile(osp.join(work_dir, 'iter_2.pth'))
     cached = json.load(open(osp.join(work_dir, 'auto_batch_size.json')))
-    assert [e['batch_size'] for e in cached.values()] == [4]
+    assert [e['batch_size'] for e in cached.values()] == [2]
     # the config in checkpoints records what was used
-    assert runner.cfg.train_dataloader.batch_size == 4
+    assert runner.cfg.train_dataloader.batch_size == 2
     assert runner.cfg.optim_wrapper.accumulative_counts == 2
 
     # resume: same setting, so the cached result is used. The probe now says 2 MiB a
-    # sample (not part of the cache key): a new search would pick 2, the cache says 4.
-    cfg = demo_config(data_root, work_dir, batch_size=8, max_iters=3)
+    # sample (not part of the cache key): a new search would pick 1, the cache says 2.
+    cfg = demo_config(data_root, work_dir, batch_size=4, max_iters=2)
     cfg.resume = True
     runner = _run(cfg, probe=probe(per_sample=2 * MiB))
     hook = _hooks(runner, AutoBatchSizeHook)[0]
     rec = _hooks(runner, BatchRecorder)[0]
-    assert hook.result.from_cache and hook.result.batch_size == 4
-    assert rec.batches == [4, 4] and runner.iter == 6  # iterations 5 and 6 of 6
+    assert hook.result.from_cache and hook.result.batch_size == 2
+    assert rec.batches == [2, 2] and runner.iter == 4  # iterations 3 and 4 of 4
 
 
 def test_scaling_recipe_with_auto_per_gpu_batch(data_root, tmp_path):
-    cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
-    cfg.scaling = dict(total_batch_size=8, per_gpu_batch_size='auto')
-    cfg.auto_batch_size = dict(probe=probe(), steps_per_trial=1)
+    cfg = demo_config(data_root, str(tmp_path), batch_size=1, max_iters=1)
+    cfg.scaling = dict(total_batch_size=4, per_gpu_batch_size='auto')
+    cfg.auto_batch_size = dict(probe=probe(), steps_per_trial=1, max_batch_size=3)
     runner = _run(cfg)
     hook = _hooks(runner, AutoBatchSizeHook)[0]
     rec = _hooks(runner, BatchRecorder)[0]
-    assert hook.result.batch_size == 4
-    assert rec.batches == [4, 4] and rec.stepped == [False, True]
-    assert runner.cfg.scaling_plan['plan']['per_gpu_batch'] == 4
+    assert hook.result.batch_size == 2
+    assert rec.batches == [2, 2] and rec.stepped == [False, True]
+    assert runner.cfg.scaling_plan['plan']['per_gpu_batch'] == 2
 
 
 def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
-    cfg = demo_config(data_root, str(tmp_path), batch_size=8)
+    cfg = demo_config(data_root, str(tmp_path), batch_size=4)
+    cfg.train_dataloader.dataset.dataset.indices = 4  # 4 frames
     cfg.train_cfg = dict(type='EpochBasedTrainLoop', max_epochs=1)
     cfg.train_dataloader.sampler = dict(type='DefaultSampler', shuffle=False)
     cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=True,
                                 convert_to_iter_based=True, begin=0, end=1)]
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
-    runner = _run(cfg, probe=probe())
+    runner = _run(cfg, probe=probe(), max_batch_size=3)  # trials 1, 2, 3
     rec = _hooks(runner, BatchRecorder)[0]
-    assert rec.batches == [4, 4]  # 8 frames, batch 4
+    assert rec.batches == [2, 2]  # 4 frames, batch 2
+    assert rec.stepped == [False, True]
     assert runner.train_loop.max_iters == 2
     assert runner.param_schedulers[0].end == 2  # one epoch = 2 iterations now
 
 
 def test_scale_lr_instead_of_accumulating(data_root, tmp_path):
-    cfg = demo_config(data_root, str(tmp_path), batch_size=8, max_iters=1)
+    cfg = demo_config(data_root, str(tmp_path), batch_size=4, max_iters=1)
     lr = cfg.optim_wrapper.optimizer.lr
-    runner = _run(cfg, probe=probe(), adjust='lr', lr_scaling='linear')
+    runner = _run(cfg, probe=probe(), adjust='lr', lr_scaling='linear', max_batch_size=3)
     rec = _hooks(runner, BatchRecorder)[0]
-    assert rec.batches == [4] and rec.stepped == [True]
+    assert rec.batches == [2] and rec.stepped == [True]
     assert runner.optim_wrapper._accumulative_counts == 1
     group = runner.optim_wrapper.optimizer.param_groups[0]
-    assert group['initial_lr'] == pytest.approx(lr * 0.5)  # total 8 -> 4
+    assert group['initial_lr'] == pytest.approx(lr * 0.5)  # total 4 -> 2
 
 
 def test_without_cuda_and_probe_it_keeps_the_batch(data_root, tmp_path):
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU: the hook would search on it')
-    cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
+    cfg = demo_config(data_root, str(tmp_path), batch_size=1, max_iters=1)
     runner = _run(cfg, steps_per_trial=1)
     hook = _hooks(runner, AutoBatchSizeHook)[0]
     assert hook.result is None
-    assert _hooks(runner, BatchRecorder)[0].batches == [2]
+    assert _hooks(runner, BatchRecorder)[0].batches == [1]
 
 
 def test_conflicting_settings_are_errors(data_root, tmp_path):
