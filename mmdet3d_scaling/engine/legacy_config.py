@@ -161,7 +161,7 @@ def translate_optimizer_config(cfg: Config) -> Config:
     if isinstance(wrapper, dict) and 'accumulative_counts' in wrapper:
         sources.append(('optim_wrapper.accumulative_counts', _check_count(
             wrapper['accumulative_counts'], 'optim_wrapper.accumulative_counts')))
-    derived = _scaling_accumulation(cfg)
+    derived = _scaling_accumulation(cfg) if sources else None
     if derived is not None:
         sources.append(('scaling (derived accumulation)', derived))
     _conflict('gradient accumulation counts', sources)
@@ -197,14 +197,19 @@ def translate_optimizer_config(cfg: Config) -> Config:
 
 
 def _scaling_accumulation(cfg: Config) -> Optional[int]:
-    """The accumulation the ``scaling`` recipe states or derived, if any."""
-    scaling = cfg.get('scaling')
-    if isinstance(scaling, dict) and scaling.get('accumulation') is not None:
-        return scaling['accumulation']
+    """The accumulation the ``scaling`` recipe derived (or will derive), if any."""
     record = cfg.get('scaling_plan')  # written by engine/scaling_recipe.py
     if isinstance(record, dict) and isinstance(record.get('plan'), dict):
         return record['plan'].get('accumulation')
-    return None
+    scaling = cfg.get('scaling')
+    if not isinstance(scaling, dict) or not scaling:
+        return None
+    if scaling.get('accumulation') is not None:
+        return scaling['accumulation']
+    # Not applied yet (this step runs first): derive it the way the recipe will.
+    from .launcher import world_size
+    from .scaling_recipe import plan_from_config
+    return plan_from_config(cfg, world_size(cfg.get('launcher', 'none'))).accumulation
 
 
 def _use_optimizer_step_schedulers(cfg: Config) -> None:

@@ -87,6 +87,9 @@ def test_unknown_optimizer_config_type_is_an_error():
      'GradientCumulativeOptimizerHook.cumulative_iters = 8'),
     (dict(scaling_plan=dict(plan=dict(accumulation=2))),
      'scaling (derived accumulation) = 2'),
+    # the recipe, not yet applied: 16 samples per step / (1 GPU x batch 2) = 8
+    (dict(scaling=dict(total_batch_size=16), train_dataloader=dict(batch_size=2)),
+     'scaling (derived accumulation) = 8'),
 ])
 def test_conflicting_accumulation_names_both_values(other, place):
     cfg = cfg_of(optimizer_config=dict(type='GradientCumulativeOptimizerHook',
