@@ -298,6 +298,12 @@ class GradientCumulativeOptimizerHook(Hook):
         pending, self._to_restore = self._to_restore, None
         if pending and self.cumulative_iters > 1:
             self._restore(runner, pending)
+        elif (runner.iter % self.cumulative_iters and self.cumulative_iters > 1
+              and not isinstance(runner.train_loop, IterBasedTrainLoop)):
+            print_log(
+                f'GradientCumulativeOptimizerHook: windows are aligned to epochs, so '
+                f'resuming at iteration {runner.iter} loses no gradient (mmengine\'s '
+                'warning above counts windows from iteration 0).', logger='current')
 
     def before_train_epoch(self, runner) -> None:
         if self.cumulative_iters == 1 or isinstance(runner.train_loop,
