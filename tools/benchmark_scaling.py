@@ -1,0 +1,578 @@
+"""Scaling benchmark: train a config for a fixed number of steps on 1..N GPUs, measure.
+
+For each process count the tool starts a fresh training run (``torchrun`` for N > 1, a
+plain process for 1) with the config's real data pipeline and the same effective batch
+(the config's ``scaling`` key re-plans per-GPU batch and accumulation for every N),
+trains ``--warmup`` + ``--iters`` optimizer steps and measures the last ``--iters``:
+
+- time per optimizer step (= one effective batch) and per loop iteration (micro-batch),
+- samples/s (all ranks), speedup and scaling efficiency = throughput_N / (N x throughput_1),
+- data-wait share (time between iterations spent waiting for the loader, worst rank),
+- peak memory per GPU (max over ranks) and the spread across ranks (samples/s, memory,
+  data wait; the tool's own per-rank figures plus GPUMonitorHook's cross-rank min/max
+  from the run's JSON log),
+- exposed gradient communication: for N > 1 a second run with DDP's all-reduce replaced
+  by a no-op comm hook; comm time per step = step time (with) - step time (without).
+
+Outputs under ``--out``: ``scaling.json`` (everything), ``scaling.md`` (a table like the
+ones users publish) and ``scaling.png`` (samples/s and efficiency against N).
+
+Comparison mode (``--compare-stock STOCK_CONFIG``): the same model through stock mmdet3d
+(its own config, the plugin not imported) against the plugin config, same dataset and
+pipeline (taken from the plugin config) and the same effective batch (per-GPU batch and
+``accumulative_counts`` from the plugin run's plan), at ``--compare-nproc`` GPUs.
+
+Examples::
+
+    # 1 and 2 GPUs of one machine
+    python tools/benchmark_scaling.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+        --nproc 1,2 --iters 30 --warmup 5 --out work_dirs/bench_pv_rcnn
+    # CPU (gloo), for testing the tool itself
+    python tools/benchmark_scaling.py configs/pointpillars/pointpillars_synthetic_kitti.py \
+        --devices cpu --nproc 1,2 --iters 3 --warmup 1 --out /tmp/bench
+    # multi-node (run the same command on every node; node 0 writes the results):
+    python tools/benchmark_scaling.py CONFIG --nproc 8 --nnodes 2 --node-rank $NODE_RANK \
+        --master-addr $MASTER_ADDR --master-port 29500 --out work_dirs/bench_2x8
+"""
+import argparse
+import copy
+import json
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as torch_dist
+from mmengine.hooks import Hook
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULT_VERSION = 1
+
+
+# ------------------------------------------------------------------------ worker side
+class BenchmarkTimerHook(Hook):
+    """Times the measured window of a benchmark run and gathers per-rank figures.
+
+    Built by the worker and registered on the runner directly (no registry), so the same
+    hook serves plugin and stock runs.
+
+    Args:
+        warmup_steps: optimizer steps excluded from the measurement.
+        steps: optimizer steps measured.
+        comm: 'on' (normal DDP), or 'off' (DDP all-reduce replaced by a no-op hook).
+        result_path: JSON file rank 0 writes the gathered figures to.
+    """
+
+    priority = 'LOWEST'  # after_train_iter last: logging/checkpointing count as step time
+
+    def __init__(self, warmup_steps: int, steps: int, comm: str, result_path: str) -> None:
+        self.warmup_steps = warmup_steps
+        self.steps = steps
+        self.comm = comm
+        self.result_path = result_path
+        self.accumulation = 1
+        self._measure_from = 0
+        self._t_start: Optional[float] = None
+        self._t_end: Optional[float] = None
+        self._prev_end: Optional[float] = None
+        self._wait_s = 0.0
+        self._samples = 0
+        self._iters = 0
+        self._cuda = False
+
+    def before_train(self, runner) -> None:
+        import torch
+        from mmengine.model import is_model_wrapper
+        self.accumulation = int(getattr(runner.optim_wrapper, '_accumulative_counts', 1))
+        total_iters = (self.warmup_steps + self.steps) * self.accumulation
+        runner.train_loop._max_iters = total_iters  # micro-batches
+        self._measure_from = self.warmup_steps * self.accumulation
+        param = next(runner.model.parameters())
+        self._cuda = param.device.type == 'cuda'
+        if self.comm == 'off':
+            model = runner.model
+            if not (is_model_wrapper(model) and hasattr(model, 'register_comm_hook')):
+                return  # single process: nothing is communicated anyway
+            model.register_comm_hook(state=None, hook=_noop_allreduce)
+        if self._cuda:
+            torch.cuda.reset_peak_memory_stats(param.device)
+
+    def _now(self) -> float:
+        if self._cuda:
+            import torch
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        it = runner.iter
+        if it == self._measure_from:
+            self._t_start = self._now()
+            self._prev_end = None
+            if self._cuda:
+                import torch
+                torch.cuda.reset_peak_memory_stats()
+        elif it > self._measure_from and self._prev_end is not None:
+            self._wait_s += time.perf_counter() - self._prev_end
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
+                         outputs: Any = None) -> None:
+        it = runner.iter  # not yet incremented
+        if it < self._measure_from:
+            return
+        self._iters += 1
+        self._samples += _batch_size(data_batch)
+        if it + 1 == runner.train_loop.max_iters:
+            self._t_end = self._now()
+        self._prev_end = time.perf_counter()
+
+    def after_train(self, runner) -> None:
+        import torch
+        from mmengine.dist import all_gather_object, get_rank, get_world_size
+        mine = dict(
+            rank=get_rank(),
+            seconds=(self._t_end or math.nan) - (self._t_start or math.nan),
+            iters=self._iters,
+            samples=self._samples,
+            data_wait_s=self._wait_s,
+            peak_mem_mb=(torch.cuda.max_memory_allocated() / 2**20
+                         if self._cuda else None),
+        )
+        ranks = all_gather_object(mine)
+        if get_rank() != 0:
+            return
+        result = dict(
+            world_size=get_world_size(),
+            accumulation=self.accumulation,
+            per_gpu_batch=runner.train_dataloader.batch_size,
+            warmup_steps=self.warmup_steps,
+            steps=self.steps,
+            comm=self.comm,
+            dataset_len=len(runner.train_dataloader.dataset),
+            device=_device_name(self._cuda),
+            ranks=ranks,
+            gpu_monitor=_gpu_monitor_log(runner.log_dir),
+        )
+        with open(self.result_path, 'w') as f:
+            json.dump(result, f, indent=1)
+
+
+def _noop_allreduce(state: object,
+                    bucket: torch_dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook that skips the all-reduce (gradients stay local)."""
+    fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def _batch_size(data_batch: Any) -> int:
+    if isinstance(data_batch, dict):
+        samples = data_batch.get('data_samples')
+        if isinstance(samples, (list, tuple)):
+            return len(samples)
+    raise ValueError('benchmark_scaling: cannot count the samples of a batch of type '
+                     f'{type(data_batch).__name__}; expected mmdet3d\'s '
+                     'dict(inputs=..., data_samples=[...]).')
+
+
+def _device_name(cuda: bool) -> str:
+    if cuda:
+        import torch
+        return f'{torch.cuda.get_device_name()} (x{torch.cuda.device_count()} visible)'
+    return f'CPU {platform.processor() or platform.machine()} ({os.cpu_count()} cores)'
+
+
+def _gpu_monitor_log(log_dir: str) -> Dict[str, float]:
+    """The last GPUMonitorHook figures (``gpu_*`` keys) of the run's JSON scalar log."""
+    path = os.path.join(log_dir, 'vis_data', 'scalars.json')
+    if not os.path.exists(path):
+        return {}
+    last: Dict[str, float] = {}
+    with open(path) as f:
+        for line in f:
+            record = json.loads(line)
+            found = {k: v for k, v in record.items() if 'gpu_' in k}
+            if found:
+                last = found
+    return last
+
+
+def _bench_overrides(cfg: Any, spec: Dict[str, Any]) -> None:
+    """Fixed-length iteration-based training, no validation, checkpoints or schedules."""
+    cfg.work_dir = spec['work_dir']
+    cfg.train_cfg = dict(type='IterBasedTrainLoop',
+                         max_iters=spec['warmup'] + spec['iters'],
+                         val_interval=10**9)
+    for key in ('val_cfg', 'val_dataloader', 'val_evaluator', 'test_cfg',
+                'test_dataloader', 'test_evaluator'):
+        cfg[key] = None
+    cfg.param_scheduler = None  # the LR schedule does not change the speed
+    hooks = cfg.setdefault('default_hooks', {})
+    hooks['checkpoint'] = None
+    interval = max(1, min(10, spec['iters']))
+    hooks['logger'] = dict(type='LoggerHook', interval=interval)
+    cfg.log_processor = dict(by_epoch=False, window_size=interval)
+    cfg.resume = False
+    cfg.load_from = None
+    if cfg.get('auto_scale_lr'):
+        cfg.auto_scale_lr.enable = False
+
+
+def _stock_config(spec: Dict[str, Any]) -> Any:
+    """The stock config with the plugin config's dataset and the plugin run's batch."""
+    from mmengine.config import Config
+    cfg = Config.fromfile(spec['config'], import_custom_modules=False)
+    data = Config.fromfile(spec['data_from'], import_custom_modules=False)
+    cfg.train_dataloader.dataset = copy.deepcopy(data.train_dataloader.dataset)
+    cfg.train_dataloader.batch_size = spec['per_gpu_batch']
+    if spec['accumulation'] > 1:
+        cfg.optim_wrapper.accumulative_counts = spec['accumulation']
+    return cfg
+
+
+def run_worker(spec_path: str) -> None:
+    with open(spec_path) as f:
+        spec = json.load(f)
+    sys.path.insert(0, ROOT)
+    from mmengine.config import Config, DictAction  # noqa: F401
+    from mmengine.runner import Runner
+    if spec['plugin']:
+        import mmdet3d_scaling  # noqa: F401  (wraps Runner.from_cfg with prepare_config)
+        cfg = Config.fromfile(spec['config'])
+        if spec.get('gpu_monitor', True):
+            hooks = list(cfg.get('custom_hooks') or [])
+            if not any(h.get('type') == 'GPUMonitorHook' for h in hooks):
+                hooks.append(dict(type='GPUMonitorHook'))
+            cfg.custom_hooks = hooks
+    else:
+        cfg = _stock_config(spec)
+    if spec.get('cfg_options'):
+        cfg.merge_from_dict(spec['cfg_options'])
+    _bench_overrides(cfg, spec)
+    distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1
+    cfg.launcher = 'pytorch' if distributed else 'none'
+    runner = Runner.from_cfg(cfg)
+    runner.register_hook(BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'],
+                                            spec['result']), priority='LOWEST')
+    runner.train()
+
+
+# ------------------------------------------------------------------ orchestrator side
+def _free_port() -> int:
+    import socket
+    with socket.socket() as s:
+        s.bind(('', 0))
+        return s.getsockname()[1]
+
+
+def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[str, Any]:
+    """One training run in fresh processes; returns rank 0's result JSON."""
+    os.makedirs(spec['work_dir'], exist_ok=True)
+    spec_path = os.path.join(spec['work_dir'], 'spec.json')
+    with open(spec_path, 'w') as f:
+        json.dump(spec, f, indent=1)
+    env = dict(os.environ)
+    env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH')
+                                else '')
+    if args.devices == 'cpu':
+        env['CUDA_VISIBLE_DEVICES'] = ''
+        env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
+    me = [sys.executable, os.path.abspath(__file__), '--worker', spec_path]
+    if nproc == 1 and args.nnodes == 1:
+        cmd = me
+    else:
+        port = args.master_port or _free_port()
+        cmd = [sys.executable, '-m', 'torch.distributed.run', f'--nnodes={args.nnodes}',
+               f'--node_rank={args.node_rank}', f'--master_addr={args.master_addr}',
+               f'--master_port={port}', f'--nproc_per_node={nproc}'] + me[1:]
+    log_path = os.path.join(spec['work_dir'], 'run.log')
+    print(f'[benchmark_scaling] {spec["label"]}: {nproc} process(es) x {args.nnodes} '
+          f'node(s), comm {spec["comm"]} ... (log: {log_path})', flush=True)
+    with open(log_path, 'w') as log:
+        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                              timeout=args.timeout)
+    if proc.returncode != 0:
+        with open(log_path) as f:
+            tail = f.read()[-4000:]
+        raise RuntimeError(f'benchmark run failed (exit {proc.returncode}): '
+                           f'{" ".join(cmd)}\n--- last lines of {log_path} ---\n{tail}')
+    if args.node_rank != 0:
+        return {}
+    with open(spec['result']) as f:
+        return json.load(f)
+
+
+def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, Any]:
+    """Figures of one run from the per-rank measurements."""
+    ranks = raw['ranks']
+    seconds = max(r['seconds'] for r in ranks)  # the slowest rank sets the pace
+    iters = ranks[0]['iters']
+    samples = sum(r['samples'] for r in ranks)
+    steps = iters / raw['accumulation']
+    rate = samples / seconds
+    per_rank_rate = [r['samples'] / r['seconds'] for r in ranks]
+    waits = [r['data_wait_s'] / r['seconds'] for r in ranks]
+    mems = [r['peak_mem_mb'] for r in ranks if r['peak_mem_mb'] is not None]
+    n_epoch = epoch_samples or raw['dataset_len']
+    return dict(
+        world_size=raw['world_size'],
+        per_gpu_batch=raw['per_gpu_batch'],
+        accumulation=raw['accumulation'],
+        total_batch=raw['world_size'] * raw['per_gpu_batch'] * raw['accumulation'],
+        step_s=seconds / steps,
+        iter_s=seconds / iters,
+        samples_per_s=rate,
+        epoch_samples=n_epoch,
+        epoch_s=n_epoch / rate,
+        data_wait_share=max(waits),
+        peak_mem_mb=max(mems) if mems else None,
+        spread=dict(samples_per_s_min=min(per_rank_rate),
+                    samples_per_s_max=max(per_rank_rate),
+                    data_wait_share_min=min(waits), data_wait_share_max=max(waits),
+                    peak_mem_mb_min=min(mems) if mems else None,
+                    peak_mem_mb_max=max(mems) if mems else None),
+        gpu_monitor=raw.get('gpu_monitor', {}),
+        device=raw['device'],
+    )
+
+
+def add_scaling(rows: List[Dict[str, Any]]) -> None:
+    """Speedup and efficiency against the smallest process count measured."""
+    base = min(rows, key=lambda r: r['world_size'])
+    for row in rows:
+        n = row['world_size'] / base['world_size']
+        row['speedup'] = row['samples_per_s'] / base['samples_per_s']
+        row['efficiency'] = row['speedup'] / n
+
+
+def _fmt(value: Optional[float], pattern: str) -> str:
+    return '-' if value is None or (isinstance(value, float) and math.isnan(value)) \
+        else pattern.format(value)
+
+
+def _duration(seconds: float) -> str:
+    if seconds >= 3600:
+        return f'{seconds / 3600:.2f} h'
+    if seconds >= 60:
+        return f'{seconds / 60:.1f} min'
+    return f'{seconds:.1f} s'
+
+
+def markdown_table(result: Dict[str, Any]) -> str:
+    head = ('| config | GPUs | batch (GPU x N x acc) | time/step | time/epoch | samples/s '
+            '| speedup | efficiency | data wait | memory/GPU (MiB) | samples/s per rank '
+            '(min-max) | comm/step (exposed) | measured on |')
+    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    for row in result['rows']:
+        spread = row['spread']
+        lines.append(
+            f"| {row['label']} | {row['world_size']} | {row['per_gpu_batch']} x "
+            f"{row['world_size']} x {row['accumulation']} = {row['total_batch']} "
+            f"| {row['step_s']:.3f} s | {_duration(row['epoch_s'])} "
+            f"| {row['samples_per_s']:.2f} | {_fmt(row.get('speedup'), '{:.2f}x')} "
+            f"| {_fmt(row.get('efficiency'), '{:.2f}')} | {row['data_wait_share']:.1%} "
+            f"| {_fmt(row['peak_mem_mb'], '{:.0f}')} "
+            f"| {spread['samples_per_s_min']:.2f}-{spread['samples_per_s_max']:.2f} "
+            f"| {_fmt(row.get('comm_step_s'), '{:.3f} s')} | {row['device']} |")
+    lines.append('')
+    lines.append(f"time/epoch: {result['rows'][0]['epoch_samples']} samples an epoch; "
+                 'time/step: one optimizer step of the effective batch; comm: step time '
+                 'minus the step time of a run with DDP all-reduce replaced by a no-op.')
+    return '\n'.join(lines)
+
+
+def plot(result: Dict[str, Any], path: str) -> None:
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    groups: Dict[str, List[Dict[str, Any]]] = {}
+    for row in result['rows']:
+        groups.setdefault(row['label'], []).append(row)
+    for label, rows in groups.items():
+        rows = sorted(rows, key=lambda r: r['world_size'])
+        ns = [r['world_size'] for r in rows]
+        ax1.plot(ns, [r['samples_per_s'] for r in rows], 'o-', label=label)
+        if len(rows) > 1:
+            ideal = [rows[0]['samples_per_s'] * n / ns[0] for n in ns]
+            ax1.plot(ns, ideal, ':', color='grey', label=f'{label} (linear)')
+        ax2.plot(ns, [r.get('efficiency', math.nan) for r in rows], 'o-', label=label)
+    ax1.set_xlabel('GPUs (processes)')
+    ax1.set_ylabel('samples/s')
+    ax1.legend(fontsize=7)
+    ax2.axhline(1.0, color='grey', linestyle=':')
+    ax2.set_ylim(0, 1.1)
+    ax2.set_xlabel('GPUs (processes)')
+    ax2.set_ylabel('scaling efficiency')
+    fig.suptitle(os.path.basename(result['config']))
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _parse_nproc(text: str) -> List[int]:
+    try:
+        values = [int(v) for v in text.split(',') if v.strip()]
+    except ValueError:
+        values = []
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(
+            f'--nproc must be a comma-separated list of positive ints (e.g. 1,2,4), '
+            f'got {text!r}')
+    return sorted(set(values))
+
+
+def _check_devices(args: argparse.Namespace) -> None:
+    if args.devices != 'cuda':
+        return
+    import torch
+    have = torch.cuda.device_count()
+    if max(args.nproc) > have:
+        raise SystemExit(f'benchmark_scaling: --nproc {max(args.nproc)} needs as many '
+                         f'GPUs, but {have} are visible; lower --nproc or use '
+                         '--devices cpu (gloo) for a functional test.')
+
+
+def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
+    _check_devices(args)
+    os.makedirs(args.out, exist_ok=True)
+    label = os.path.splitext(os.path.basename(args.config))[0]
+    base = dict(config=os.path.abspath(args.config), cfg_options=args.cfg_options or {},
+                warmup=args.warmup, iters=args.iters, plugin=True,
+                gpu_monitor=not args.no_gpu_monitor)
+    rows: List[Dict[str, Any]] = []
+    for n in args.nproc:
+        modes = ['on'] + (['off'] if args.comm_run and n * args.nnodes > 1 else [])
+        measured: Dict[str, Dict[str, Any]] = {}
+        for comm in modes:
+            work = os.path.join(args.out, f'{label}_n{n}_comm-{comm}')
+            spec = dict(base, label=label, comm=comm, work_dir=work,
+                        result=os.path.join(work, 'result.json'))
+            raw = _launch(spec, n, args)
+            if raw:
+                measured[comm] = summarise(raw, args.epoch_samples)
+        if not measured:
+            continue
+        row = dict(measured['on'], label=label, config=args.config)
+        if 'off' in measured:
+            row['comm_step_s'] = max(0.0, row['step_s'] - measured['off']['step_s'])
+            row['no_comm_step_s'] = measured['off']['step_s']
+            row['comm_share'] = row['comm_step_s'] / row['step_s']
+        elif row['world_size'] == 1:
+            row['comm_step_s'] = 0.0
+        rows.append(row)
+    if args.node_rank != 0:
+        return {}
+    add_scaling(rows)
+    if args.compare_stock:
+        rows += _compare(args, rows)
+    result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
+                  nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
+                  steps=args.iters, command=' '.join(sys.argv), rows=rows,
+                  created=time.strftime('%Y-%m-%d %H:%M:%S'))
+    _write_outputs(result, args.out)
+    return result
+
+
+def _compare(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Stock mmdet3d on ``--compare-nproc`` GPUs with the plugin run's batch split."""
+    n = args.compare_nproc
+    ref = next((r for r in rows if r['world_size'] == n), None)
+    if ref is None:
+        raise SystemExit(f'benchmark_scaling: --compare-nproc {n} must be one of --nproc '
+                         f'{args.nproc} (the stock run copies that run\'s batch split).')
+    label = 'stock:' + os.path.splitext(os.path.basename(args.compare_stock))[0]
+    work = os.path.join(args.out, f'stock_n{n}')
+    spec = dict(config=_resolve_stock(args.compare_stock),
+                data_from=os.path.abspath(args.config), cfg_options={}, warmup=args.warmup,
+                iters=args.iters, plugin=False, label=label, comm='on', work_dir=work,
+                result=os.path.join(work, 'result.json'),
+                per_gpu_batch=ref['per_gpu_batch'], accumulation=ref['accumulation'])
+    raw = _launch(spec, n, args)
+    row = dict(summarise(raw, args.epoch_samples), label=label, config=args.compare_stock)
+    row['speedup'] = row['samples_per_s'] / ref['samples_per_s']  # stock vs plugin
+    ref['vs_stock'] = ref['samples_per_s'] / row['samples_per_s']
+    row['efficiency'] = None
+    return [row]
+
+
+def _resolve_stock(name: str) -> str:
+    """A path, or ``mmdet3d::dir/file.py`` from the mmdet3d package's configs."""
+    if name.startswith('mmdet3d::'):
+        import mmdet3d
+        path = os.path.join(os.path.dirname(mmdet3d.__file__), '.mim', 'configs',
+                            name[len('mmdet3d::'):])
+    else:
+        path = os.path.abspath(name)
+    if not os.path.exists(path):
+        raise SystemExit(f'benchmark_scaling: stock config {name!r} not found ({path}); '
+                         "give a path or 'mmdet3d::<dir>/<file>.py'.")
+    return path
+
+
+def _write_outputs(result: Dict[str, Any], out: str) -> None:
+    with open(os.path.join(out, 'scaling.json'), 'w') as f:
+        json.dump(result, f, indent=1)
+    table = markdown_table(result)
+    with open(os.path.join(out, 'scaling.md'), 'w') as f:
+        f.write(f"Command: `{result['command']}`\n\n{table}\n")
+    plot(result, os.path.join(out, 'scaling.png'))
+    print(table, flush=True)
+    print(f'[benchmark_scaling] wrote {out}/scaling.json, scaling.md, scaling.png')
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    p.add_argument('config', help='config file (plugin config with a scaling key)')
+    p.add_argument('--nproc', type=_parse_nproc, default=[1, 2],
+                   help='process (GPU) counts per node, comma-separated (default 1,2)')
+    p.add_argument('--devices', choices=('cuda', 'cpu'), default='cuda',
+                   help='cuda: one GPU a process (NCCL); cpu: gloo, for testing the tool')
+    p.add_argument('--iters', type=int, default=30, help='measured optimizer steps')
+    p.add_argument('--warmup', type=int, default=5,
+                   help='optimizer steps trained before the measurement starts')
+    p.add_argument('--out', default='work_dirs/benchmark_scaling', help='output folder')
+    p.add_argument('--no-comm-run', dest='comm_run', action='store_false',
+                   help='skip the second run per N with DDP communication disabled')
+    p.add_argument('--no-gpu-monitor', action='store_true',
+                   help='do not add GPUMonitorHook (it all-gathers a few floats a report)')
+    p.add_argument('--epoch-samples', type=int, default=None,
+                   help='samples an epoch for time/epoch (default: the train dataset '
+                        'length; 3712 x 2 for KITTI train with RepeatDataset x2)')
+    p.add_argument('--compare-stock', default=None,
+                   help="stock mmdet3d config ('mmdet3d::pv_rcnn/...py' or a path) run "
+                        'without the plugin on the same data and effective batch')
+    p.add_argument('--compare-nproc', type=int, default=1,
+                   help='GPU count of the stock comparison run (default 1)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override settings of the plugin config (key=value)')
+    p.add_argument('--nnodes', type=int, default=1, help='nodes (multi-node form)')
+    p.add_argument('--node-rank', type=int, default=0)
+    p.add_argument('--master-addr', default='127.0.0.1')
+    p.add_argument('--master-port', type=int, default=None)
+    p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
+    args = p.parse_args(argv)
+    for name in ('iters', 'warmup'):
+        if getattr(args, name) < (1 if name == 'iters' else 0):
+            p.error(f'--{name} must be >= {1 if name == "iters" else 0}, '
+                    f'got {getattr(args, name)}')
+    if args.nnodes > 1 and args.master_port is None:
+        p.error('--nnodes > 1 needs --master-port (the same on every node)')
+    return args
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ['--worker']:
+        run_worker(argv[1])
+        return
+    run_benchmark(parse_args(argv))
+
+
+if __name__ == '__main__':
+    main()
