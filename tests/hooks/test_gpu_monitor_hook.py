@@ -169,13 +169,15 @@ def _free_port() -> int:
 def _ddp_worker(rank: int, work_dir: str, port: int) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
                       MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    if torch.cuda.is_available():  # one GPU a rank, NCCL: the gather runs on CUDA
+        placement = dict(env_cfg=dict(dist_cfg=dict(backend='nccl')))
+    else:  # CPU DDP: gloo, no device_ids (what the plugin's config step sets)
+        placement = dict(cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
+                                                         device_ids=None)))
     # Rank 1 loads slowly: it is the straggler the cross-rank figures must name.
     dataset = SlowDataset(0.03 if rank == 1 else 0.0, length=24)  # 6 iterations a rank
     runner = _runner(work_dir, dataset=dataset, max_iters=6, batch_size=2, log_interval=3,
-                     launcher='pytorch',
-                     # CPU DDP: no device_ids (what the plugin's config step sets).
-                     cfg=dict(model_wrapper_cfg=dict(type='MMDistributedDataParallel',
-                                                     device_ids=None)))
+                     launcher='pytorch', **placement)
     runner.train()
     hub = runner.message_hub
     values = {k: v.current() for k, v in hub.log_scalars.items() if 'gpu_' in k}
@@ -183,8 +185,13 @@ def _ddp_worker(rank: int, work_dir: str, port: int) -> None:
     Path(work_dir, f'rank{rank}.json').write_text(json.dumps(values))
 
 
-def test_across_ranks_min_max_with_two_gloo_processes(tmp_path):
-    mp.spawn(_ddp_worker, args=(str(tmp_path), _free_port()), nprocs=2, join=True)
+@pytest.mark.skipif(0 < torch.cuda.device_count() < 2, reason='needs 0 or >= 2 GPUs')
+def test_across_ranks_min_max_with_two_processes(tmp_path):
+    # CPU: gloo, forked so the children inherit the imported stack (seconds, not a
+    # minute). GPUs: NCCL, spawned (CUDA cannot be used in a forked child).
+    method = 'spawn' if torch.cuda.is_available() else 'fork'
+    mp.start_processes(_ddp_worker, args=(str(tmp_path), _free_port()), nprocs=2,
+                       join=True, start_method=method)
     ranks = [json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1)]
     for values in ranks:
         assert values['reports'] == 2  # one gather per report, not per iteration
@@ -237,3 +244,40 @@ def test_peak_between_reports_survives_logger_resets(tmp_path):
     assert hub.get_scalar('train/gpu_mem_alloc_mb').current() < 256
     for key in ('util_pct', 'nvml_mem_used_mb', 'power_w', 'temp_c'):
         assert f'train/gpu_{key}' in hub.log_scalars, key
+
+
+class _SyncGuard:
+    """Two hooks around GPUMonitorHook (priority 55) that make any CUDA sync an error."""
+
+    def __init__(self):
+        from mmengine.hooks import Hook
+
+        class Enter(Hook):
+            priority = 54
+
+            def before_train_iter(self, runner, batch_idx, data_batch=None):
+                torch.cuda.set_sync_debug_mode('error')
+
+            def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+                torch.cuda.set_sync_debug_mode('error')
+
+        class Leave(Hook):
+            priority = 56
+
+            def before_train_iter(self, runner, batch_idx, data_batch=None):
+                torch.cuda.set_sync_debug_mode('default')
+
+            def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+                torch.cuda.set_sync_debug_mode('default')
+
+        self.hooks = [Enter(), Leave()]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_no_cuda_sync_in_the_hook(tmp_path):
+    # Reports (memory counters, NVML) included: single process, so no gather either.
+    runner = _runner(tmp_path, max_iters=4, log_interval=2)
+    for hook in _SyncGuard().hooks:
+        runner.register_hook(hook)
+    runner.train()
+    assert 'train/gpu_mem_peak_mb' in runner.message_hub.log_scalars
