@@ -1,5 +1,5 @@
 # A small SECOND on synthetic KITTI-format data with the scaling engine's recipe:
-# effective batch 4 on any GPU/process count. Same data, pipeline and schedule as
+# effective batch 8 on any GPU/process count. Same data, pipeline and schedule as
 # configs/pointpillars/pointpillars_synthetic_kitti.py; the model is stock SECOND's
 # structure (HardSimpleVFE, SparseEncoder, SECOND + SECONDFPN, Anchor3DHead) shrunk for
 # CPU smoke runs: 0.16 x 0.16 x 0.1 m voxels over 40.96 x 40.96 x 4 m (256 x 256 x 41
