@@ -60,6 +60,10 @@ class _NvmlDevice:
         self.handle = self._handle_for(device_index)
         self._last_sample_us = 0
         self.dropped: List[str] = []
+        try:  # skip the samples from before training (start-up, other jobs)
+            self._utilisation()
+        except pynvml.NVMLError:
+            pass
 
     def _handle_for(self, device_index: int) -> Any:
         # torch's index counts only CUDA_VISIBLE_DEVICES; NVML counts every GPU. The
