@@ -185,13 +185,16 @@ class AutoBatchSizeHook(Hook):
         if isinstance(optim_cfg.get('optimizer'), dict):
             optim_cfg['optimizer'].pop('lr', None)  # may be scaled by this hook
         dataset = runner.train_dataloader.dataset
+        devices = [(probe.device_name(), probe.capacity_bytes())]
+        if world_size > 1:  # every rank's device: one key for all, written by rank 0
+            devices = dist.all_gather_object(devices[0])
         return dict(
             model=cfg.get('model') or repr(model),
             dataset=loader_cfg.get('dataset') or f'{type(dataset).__name__}:{len(dataset)}',
             optim_wrapper=optim_cfg or repr(runner.optim_wrapper.optimizer),
             activation_checkpointing=cfg.get('activation_checkpointing'),
-            world_size=world_size, device=probe.device_name(),
-            capacity_bytes=probe.capacity_bytes(), torch=torch.__version__,
+            world_size=world_size, devices=[list(d) for d in devices],
+            torch=torch.__version__,
             search=dict(margin=self.margin, steps=self.steps_per_trial,
                         init=self.init_batch_size, max=upper, adjust=self.adjust,
                         candidates=self.num_candidates, scan_limit=self.scan_limit))

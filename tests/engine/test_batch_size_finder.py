@@ -15,8 +15,9 @@ from mmengine.dataset import pseudo_collate
 from mmdet3d_scaling.engine.batch_size_finder import (BatchSizeFinder, LargestSampleBatches,
                                                       ResultCache, SearchResult,
                                                       TrainingState, cache_key,
-                                                      is_out_of_memory, lookup_agreed,
-                                                      rank_largest, sample_size)
+                                                      is_out_of_memory, local_sync_bn,
+                                                      lookup_agreed, rank_largest,
+                                                      sample_size)
 from mmdet3d_scaling.engine.memory_probe import ModeledMemoryProbe
 from tests.auto_batch_size_common import build_parts, data_root_for_tests, demo_config
 
@@ -269,9 +270,14 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
             cache.put('k', result)
         torch_dist.barrier()
         cached = lookup_agreed(cache, 'k')
+        # SyncBN layers use a group of this rank alone during the search
+        bn = torch.nn.SyncBatchNorm(4)
+        with local_sync_bn(torch.nn.Sequential(bn)):
+            bn_group_size = torch_dist.get_world_size(bn.process_group)
         with open(osp.join(out_dir, f'rank{rank}.pkl'), 'wb') as f:
             pickle.dump(dict(batch=result.batch_size, local=result.local_batch_size,
-                             cached=cached.batch_size,
+                             cached=cached.batch_size, bn_group_size=bn_group_size,
+                             bn_group_after=bn.process_group,
                              ooms=[t.batch_size for t in result.trials if t.oom]), f)
     finally:
         torch_dist.destroy_process_group()
@@ -284,5 +290,6 @@ def test_ranks_agree_on_the_minimum(data_root, tmp_path):
     assert [o['local'] for o in out] == [2, 1]
     assert [o['batch'] for o in out] == [1, 1]
     assert [o['cached'] for o in out] == [1, 1]
+    assert [(o['bn_group_size'], o['bn_group_after']) for o in out] == [(1, None)] * 2
     assert out[0]['ooms'] == [] and out[1]['ooms'] == [2]  # rank 1 ran out of memory
     # in its trial of 2 while rank 0 trained 2 without waiting for it
