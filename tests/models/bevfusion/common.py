@@ -141,7 +141,8 @@ def toy_boxes(rng: np.random.Generator, n: int = 4) -> Tuple[np.ndarray, np.ndar
 def toy_points(rng: np.random.Generator, boxes: np.ndarray, n_ground: int = 3000,
                per_box: int = 300) -> np.ndarray:
     """5-dim points: a ground plane and points filling each box."""
-    ground = np.c_[rng.uniform(-12.7, 12.7, (n_ground, 2)), np.full(n_ground, -1.8),
+    # z -1.83: not on a voxel boundary (-1.8 is one: (-1.8 + 5) / 0.2 = 16)
+    ground = np.c_[rng.uniform(-12.7, 12.7, (n_ground, 2)), np.full(n_ground, -1.83),
                    rng.uniform(0, 1, n_ground), np.zeros(n_ground)]
     parts = [ground]
     for box in boxes:
