@@ -21,8 +21,9 @@ raises a real ``torch.cuda.OutOfMemoryError`` above its capacity, also during st
 Usage::
 
     python tools/benchmark_auto_batch_size.py CONFIG [--iters 300] [--margin 0.1]
-    python tools/benchmark_auto_batch_size.py configs/demo/pointpillars_synthetic_kitti_cpu.py \\
-        --probe modeled --capacity-mib 64 --mib-per-sample 8 --iters 5
+    python tools/benchmark_auto_batch_size.py \\
+        configs/demo/pointpillars_synthetic_kitti_cpu.py \\
+        --probe modeled --capacity-mib 40 --mib-per-sample 8 --iters 3
 """
 import argparse
 import json
@@ -202,8 +203,8 @@ def run(args) -> Dict[str, Any]:
         per_gpu_batch=plan.per_gpu_batch, accumulation=plan.accumulation,
         largest=check['largest'], largest_capped=check['capped'],
         ratio=result.batch_size / check['largest'], check_seconds=check['seconds'],
-        iters_requested=args.iters, iters_done=watch.iters, oom_in_training=oom_at is not None,
-        oom_at_iter=oom_at, train_seconds=watch.seconds,
+        iters_requested=args.iters, iters_done=watch.iters,
+        oom_in_training=oom_at is not None, oom_at_iter=oom_at, train_seconds=watch.seconds,
         train_peak_gib=None if watch.peak_bytes is None else watch.peak_bytes / 2**30,
         targets=dict(ratio_ge_0_9=result.batch_size >= 0.9 * check['largest'],
                      search_lt_60s=result.seconds < 60, no_oom=oom_at is None))

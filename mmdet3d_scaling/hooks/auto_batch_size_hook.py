@@ -103,12 +103,14 @@ class AutoBatchSizeHook(Hook):
         self.probe = probe
         self.result: Optional[SearchResult] = None
         self.plan: Any = None
+        self._done = False
 
     # ------------------------------------------------------------------ entry point
     def before_run(self, runner) -> None:
         # before_run also fires for runner.val()/test(); act once, when training.
-        if self.result is not None or not isinstance(runner._train_loop, BaseLoop):
+        if self._done or not isinstance(runner._train_loop, BaseLoop):
             return
+        self._done = True
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         probe = self._build_probe(model, runner.optim_wrapper)
         if probe is None:
