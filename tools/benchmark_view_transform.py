@@ -8,13 +8,22 @@ Rows: plain (the frustum tensor is materialised, as upstream), ``memory_efficien
 
     python tools/benchmark_view_transform.py                 # CUDA, B = 1 and 4
     python tools/benchmark_view_transform.py --batch 1 --iters 3
+
+Needs PyTorch only: without mmengine / mmdet3d it uses stand-ins for their base class
+and registry (see ``import_transform``).
 """
 import argparse
 import math
+import os
+import sys
 import time
+import types
 from typing import List, Optional
 
 import torch
+from torch import nn
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 OFFICIAL = dict(in_channels=256, out_channels=80, image_size=[256, 704],
                 feature_size=[32, 88], xbound=[-54.0, 54.0, 0.3],
@@ -26,6 +35,50 @@ OPTIONS = {
     'with_cp': dict(with_cp=True),
     'memory_efficient + with_cp': dict(memory_efficient=True, with_cp=True),
 }
+
+
+def import_transform():
+    """``DepthLSSTransform`` from the installed stack, or, where mmengine / mmdet3d are
+    absent (a bare GPU box), with light stand-ins for the two things it takes from
+    them (``BaseModule`` and a registry); the module's code is the same."""
+    try:
+        from mmdet3d_scaling.models.bevfusion.depth_lss import DepthLSSTransform
+        return DepthLSSTransform
+    except ImportError:
+        pass
+
+    class Registry:
+        def __init__(self, name):
+            self.name, self._module_dict = name, {}
+
+        def register_module(self, name=None, module=None, force=False):
+            self._module_dict[name] = module
+
+        def _register_module(self, module, module_name=None, force=False):
+            self._module_dict[module_name] = module
+
+    class BaseModule(nn.Module):
+        def __init__(self, init_cfg=None):
+            super().__init__()
+
+    def module(name, path=None, **attrs):
+        m = types.ModuleType(name)
+        m.__dict__.update(attrs)
+        if path:
+            m.__path__ = [os.path.join(REPO, path)]
+        sys.modules[name] = m
+        return m
+
+    module('mmengine')
+    module('mmengine.model', BaseModule=BaseModule)
+    module('mmengine.logging', print_log=print)
+    module('mmengine.registry', Registry=Registry)
+    module('mmdet3d', '-').registry = module('mmdet3d.registry', MODELS=Registry('model'))
+    for name in ('mmdet3d_scaling', 'mmdet3d_scaling.models',
+                 'mmdet3d_scaling.models.bevfusion'):
+        module(name, name.replace('.', '/'))
+    from mmdet3d_scaling.models.bevfusion.depth_lss import DepthLSSTransform
+    return DepthLSSTransform
 
 
 def rig(batch: int, device: str):
@@ -93,7 +146,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument('--batch', type=int, nargs='+', default=[1, 4])
     parser.add_argument('--iters', type=int, default=5)
     args = parser.parse_args(argv)
-    from mmdet3d_scaling.models.bevfusion.depth_lss import DepthLSSTransform
+    DepthLSSTransform = import_transform()
     print(f'device={args.device} torch={torch.__version__}')
     print(f'{"options":30s} {"B":>2s} {"fwd+bwd ms":>11s} {"peak MiB":>9s} '
           f'{"max rel diff":>12s}')
