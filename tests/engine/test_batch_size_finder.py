@@ -284,8 +284,11 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
 
 
 def test_ranks_agree_on_the_minimum(data_root, tmp_path):
-    mp.spawn(_rank_main, args=(2, _free_port(), data_root, str(tmp_path)), nprocs=2,
-             join=True)
+    # forked on a CPU so the children inherit the imported stack (spawning re-imports
+    # it for half a minute); spawned where CUDA is initialised
+    method = 'spawn' if torch.cuda.is_available() else 'fork'
+    mp.start_processes(_rank_main, args=(2, _free_port(), data_root, str(tmp_path)),
+                       nprocs=2, join=True, start_method=method)
     out = [pickle.load(open(tmp_path / f'rank{r}.pkl', 'rb')) for r in range(2)]
     assert [o['local'] for o in out] == [2, 1]
     assert [o['batch'] for o in out] == [1, 1]

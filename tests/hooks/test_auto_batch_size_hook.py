@@ -4,11 +4,15 @@ synthetic KITTI-format data; a modelled device (1 MiB per sample) stands in for 
 With capacity 3 MiB and the default 10 % margin (2.7 MiB allowed), 2 samples fit and 3
 do not."""
 import json
+import os
 import os.path as osp
+import pickle
+import socket
 from typing import List
 
 import pytest
 import torch
+import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
@@ -160,6 +164,47 @@ def test_conflicting_settings_are_errors(data_root, tmp_path):
         AutoBatchSizeHook(adjust='sideways')
     with pytest.raises(ValueError, match='margin'):
         AutoBatchSizeHook(margin=1.5)
+
+
+# ------------------------------------------------------------------- distributed
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(('127.0.0.1', 0))
+        return sock.getsockname()[1]
+
+
+def _ddp_rank(rank: int, data_root: str, work_dir: str, port: int) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE='2',
+                      MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    cfg = demo_config(data_root, work_dir, batch_size=2, max_iters=1)
+    cfg.launcher = 'pytorch'
+    # rank 0 allows 2.25 MiB (2 samples), rank 1 only 1.35 MiB (1 sample)
+    capacity = int((2.5 if rank == 0 else 1.5) * MiB)
+    runner = _run(cfg, probe=dict(probe(), capacity_bytes=capacity))
+    hook = _hooks(runner, AutoBatchSizeHook)[0]
+    rec = _hooks(runner, BatchRecorder)[0]
+    with open(osp.join(work_dir, f'rank{rank}.pkl'), 'wb') as f:
+        pickle.dump(dict(batch=hook.result.batch_size, local=hook.result.local_batch_size,
+                         plan=(hook.plan.per_gpu_batch, hook.plan.accumulation),
+                         batches=rec.batches, stepped=rec.stepped,
+                         wrapped=type(runner.model).__name__), f)
+
+
+def test_ranks_train_with_the_smallest_batch(data_root, tmp_path):
+    """Real 2-process gloo DDP: total 4 = 2 GPUs x 2; rank 1 fits only 1, so both train
+    1 x 2 GPUs x 2 accumulation, and one cache entry serves both ranks."""
+    method = 'spawn' if torch.cuda.is_available() else 'fork'
+    mp.start_processes(_ddp_rank, args=(data_root, str(tmp_path), _free_port()),
+                       nprocs=2, join=True, start_method=method)
+    out = [pickle.load(open(tmp_path / f'rank{r}.pkl', 'rb')) for r in range(2)]
+    assert [o['local'] for o in out] == [2, 1]
+    for o in out:
+        assert o['batch'] == 1 and o['plan'] == (1, 2)
+        assert o['batches'] == [1, 1] and o['stepped'] == [False, True]
+        assert 'DistributedDataParallel' in o['wrapped']
+    cached = json.load(open(tmp_path / 'auto_batch_size.json'))
+    assert [e['batch_size'] for e in cached.values()] == [1]
 
 
 # ------------------------------------------------------------------ config switch
