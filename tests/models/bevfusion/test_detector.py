@@ -161,3 +161,24 @@ def test_runner_trains_and_evaluates_on_synthetic_nuscenes(tmp_path):
     assert last < first, history
     metrics = runner.val_loop.run()
     assert 'NuScenes metric/pred_instances_3d_NuScenes/mAP' in metrics
+
+
+# ------------------------------------------------------------------ configs
+
+
+@pytest.mark.parametrize('gpus', [1, 2, 4, 8])
+def test_lidar_configs_keep_the_official_effective_batch(gpus):
+    """Each per-GPU-count variant (and the generic recipe on that many GPUs) plans
+    4 samples per GPU x accumulation = 32 per optimizer step, lr 1e-4 unscaled."""
+    from mmdet3d_scaling.engine.scaling_recipe import plan_from_config
+    base = osp.join(REPO, 'configs', 'bevfusion')
+    variant = f'bevfusion_lidar_voxel0075_second_secfpn_{gpus}xb4-cyclic-20e_nus-3d.py'
+    for name in (variant, 'bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py'):
+        cfg = Config.fromfile(osp.join(base, name))
+        assert cfg.custom_imports == dict(imports=['mmdet3d_scaling'],
+                                          allow_failed_imports=False)
+        plan = plan_from_config(cfg, gpus)
+        assert (plan.per_gpu_batch, plan.accumulation, plan.total_batch) == (4, 8 // gpus, 32)
+        assert plan.lr_scale == 1.0 and cfg.optim_wrapper.optimizer.lr == 1e-4
+        assert cfg.train_cfg.max_epochs == 20
+        assert cfg.model.pts_middle_encoder.sparse_shape == [1440, 1440, 41]
