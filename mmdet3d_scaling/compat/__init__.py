@@ -15,15 +15,19 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 |                     |                              | degrade to bf16 autocast / fp32, logged      |
 | dist_cpu            | mmengine 0.10.x, CPU torch   | init_dist calls torch.cuda.set_device: gloo  |
 |                     |                              | runs under torchrun/srun/mpirun die at start |
+| kitti_eval_cpu      | mmdet3d 1.4.0                | KITTI metric needs a CUDA driver (numba.cuda |
+|                     |                              | rotated IoU): CPU twin when there is none    |
 """
 from . import mmcv_ops
 
 mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
+from . import kitti_eval_cpu  # noqa: E402
 
-for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu):
+for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
+              kitti_eval_cpu):
     _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
-           'amp_cpu', 'dist_cpu']
+           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu']
