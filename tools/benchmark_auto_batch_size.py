@@ -72,6 +72,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--mib-per-sample', type=float, default=16.0, help='modeled device')
     p.add_argument('--bytes-per-element', type=float, default=0.0, help='modeled device')
     p.add_argument('--out', help='JSON output path')
+    p.add_argument('--memory-gib', type=float, default=None,
+                   help='cap this process to that much GPU memory (emulates a smaller card)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     return p.parse_args(argv)
 
@@ -234,6 +236,9 @@ def table(r: Dict[str, Any]) -> str:
 
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
+    if args.memory_gib and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total))
     result = run(args)
     print(table(result))
     out = args.out or osp.join(args.work_dir or osp.join('work_dirs',

@@ -63,7 +63,11 @@ class CudaMemoryProbe:
         return int(torch.cuda.max_memory_reserved(self.device))
 
     def capacity_bytes(self) -> int:
-        return int(torch.cuda.get_device_properties(self.device).total_memory)
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        # A cap set with torch.cuda.set_per_process_memory_fraction is the real limit.
+        get_fraction = getattr(torch.cuda, 'get_per_process_memory_fraction', None)
+        fraction = get_fraction(self.device) if get_fraction is not None else 1.0
+        return int(total * min(fraction, 1.0))
 
     def release(self) -> None:
         torch.cuda.empty_cache()
