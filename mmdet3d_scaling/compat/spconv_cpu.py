@@ -6,7 +6,13 @@ CPU-only torch the call raises ("Torch not compiled with CUDA enabled"). On such
 torch there is no CUDA stream to wait on, so stream 0 (spconv's "no stream") is right.
 The shim only replaces the function when torch has no CUDA, and only in the spconv
 modules that imported it by name.
+
+Second defect: spconv 2.3.x has no bf16/fp16 kernels on the CPU (``torch_tensor_to_tv``
+raises ``KeyError: torch.bfloat16``). Without a GPU, AMP degrades to bf16 autocast (see
+``amp_cpu.py``), which hands sparse convolutions bf16 features. On CPU tensors the shim
+runs each sparse convolution in fp32 with autocast off; CUDA tensors are untouched.
 """
+import functools
 import importlib
 
 import torch
@@ -21,8 +27,31 @@ def cpu_current_stream() -> int:
     return 0
 
 
+def _fp32_on_cpu(forward):
+    if getattr(forward, '_mmdet3d_scaling_fp32', False):
+        return forward
+
+    @functools.wraps(forward)
+    def wrapper(self, input, *args, **kwargs):
+        features = input.features
+        if features.device.type != 'cpu':
+            return forward(self, input, *args, **kwargs)
+        if features.dtype != torch.float32:
+            input = input.replace_feature(features.float())
+        with torch.autocast('cpu', enabled=False):
+            return forward(self, input, *args, **kwargs)
+
+    wrapper._mmdet3d_scaling_fp32 = True
+    return wrapper
+
+
 def apply() -> bool:
-    """Patch spconv if installed and torch has no CUDA. Returns whether it patched."""
+    """Patch spconv if installed. Returns whether the CUDA-stream shim was needed."""
+    try:
+        conv = importlib.import_module('spconv.pytorch.conv')
+    except ImportError:
+        return False
+    conv.SparseConvolution.forward = _fp32_on_cpu(conv.SparseConvolution.forward)
     if torch.cuda.is_available():
         return False
     try:

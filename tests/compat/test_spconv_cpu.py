@@ -30,3 +30,19 @@ def test_apply_is_idempotent():
     first = spconv_cpu.apply()
     second = spconv_cpu.apply()
     assert first == second == (not torch.cuda.is_available())
+
+
+def test_sparse_conv_under_cpu_bf16_autocast():
+    # What AMP degrades to without a GPU: bf16 autocast, bf16 features from dense layers.
+    torch.manual_seed(0)
+    coords = torch.unique(torch.randint(0, 8, (40, 3)), dim=0)
+    indices = torch.cat([torch.zeros(len(coords), 1, dtype=torch.int32), coords.int()], 1)
+    dense = torch.nn.Linear(3, 3)
+    net = spconv.SparseSequential(spconv.SubMConv3d(3, 4, 3, indice_key='s1'))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        feats = dense(torch.randn(len(coords), 3))
+        assert feats.dtype == torch.bfloat16
+        out = net(spconv.SparseConvTensor(feats, indices, [8, 8, 8], batch_size=1))
+    assert out.features.dtype == torch.float32
+    out.features.sum().backward()
+    assert dense.weight.grad is not None and net[0].weight.grad is not None
