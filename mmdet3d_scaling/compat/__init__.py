@@ -17,17 +17,19 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 |                     |                              | runs under torchrun/srun/mpirun die at start |
 | kitti_eval_cpu      | mmdet3d 1.4.0                | KITTI metric needs a CUDA driver (numba.cuda |
 |                     |                              | rotated IoU): CPU twin when there is none    |
+| nuscenes_metric     | mmdet3d 1.4.0, devkit 1.x    | a result without boxes crashes the devkit:   |
+|                     |                              | report mAP = NDS = 0 instead                 |
 """
 from . import mmcv_ops
 
 mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
-from . import kitti_eval_cpu  # noqa: E402
+from . import kitti_eval_cpu, nuscenes_metric  # noqa: E402
 
 for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
-              kitti_eval_cpu):
+              kitti_eval_cpu, nuscenes_metric):
     _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
-           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu']
+           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric']

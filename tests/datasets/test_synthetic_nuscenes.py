@@ -289,3 +289,21 @@ def test_metric_on_ground_truth_and_on_shuffled(root, tmp_path):
     metric.jsonfile_prefix = str(tmp_path / 'shuffled')
     shuffled = metric.compute_metrics(_predictions(dataset, shift=4))
     assert shuffled['pred_instances_3d_NuScenes/mAP'] < 0.2
+
+
+def test_metric_without_detections_reports_zero(root, tmp_path):
+    # mmdet3d 1.4 + devkit crash on an empty result ("Invalid box type: None");
+    # mmdet3d_scaling.compat.nuscenes_metric reports zeros instead.
+    from mmdet3d.evaluation.metrics import NuScenesMetric
+    from mmdet3d.structures import LiDARInstance3DBoxes
+    dataset = _dataset(root, 'val', test_mode=True)
+    metric = NuScenesMetric(data_root=root, ann_file=osp.join(root, 'nuscenes_infos_val.pkl'),
+                            metric='bbox', jsonfile_prefix=str(tmp_path / 'empty'))
+    metric.dataset_meta = dataset.metainfo
+    empty = [dict(pred_instances_3d=dict(
+        bboxes_3d=LiDARInstance3DBoxes(torch.zeros(0, 9), box_dim=9),
+        scores_3d=torch.zeros(0), labels_3d=torch.zeros(0, dtype=torch.long)),
+        pred_instances=dict(), sample_idx=i) for i in range(len(dataset))]
+    result = metric.compute_metrics(empty)
+    assert result['pred_instances_3d_NuScenes/mAP'] == 0.0
+    assert result['pred_instances_3d_NuScenes/NDS'] == 0.0
