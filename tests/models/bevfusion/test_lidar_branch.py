@@ -181,3 +181,27 @@ def test_bad_weight_shape_is_reported():
         encoder.load_state_dict(state)
     with pytest.raises(ValueError, match='conv_input.0.weight'):
         sb.convert_state_dict_layout(state, encoder, 'mmcv')
+
+
+def _encode_and_grad(encoder, feats, coords):
+    encoder.zero_grad()
+    feats = feats.clone().requires_grad_(True)
+    bev = encoder(feats, coords, 2)
+    (bev * torch.linspace(-1, 1, bev.numel()).view_as(bev)).sum().backward()
+    return bev.detach(), feats.grad, encoder.conv_input[0].weight.grad.clone()
+
+
+def test_spconv_cpu_results_do_not_depend_on_thread_count():
+    """spconv 2.3.8's CPU SubMConv3d with 32 channels is wrong with 2 threads; the
+    encoder runs its sparse ops single-threaded (forward and backward) and restores
+    the thread count afterwards."""
+    encoder = build(tiny_encoder_cfg('spconv')).eval()  # stage 3 has 32 channels
+    batch = toy_batch(seed=7)
+    voxelizer = BEVFusionVoxelizer(VOXEL, PCR, max_num_points=10, max_voxels=20000)
+    feats, coords, _ = voxelizer(batch['inputs']['points'])
+    single = _encode_and_grad(encoder, feats, coords)  # conftest: 1 thread
+    torch.set_num_threads(2)
+    multi = _encode_and_grad(encoder, feats, coords)
+    assert torch.get_num_threads() == 2  # restored after forward and backward
+    for a, b in zip(single, multi):
+        assert torch.equal(a, b)
