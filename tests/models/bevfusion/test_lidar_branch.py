@@ -2,6 +2,7 @@
 import numpy as np
 import pytest
 import torch
+import torch.nn.functional as F
 
 from mmdet3d_scaling.models.bevfusion import sparse_backend as sb
 from mmdet3d_scaling.models.bevfusion.voxelize import BEVFusionVoxelizer
@@ -205,3 +206,73 @@ def test_spconv_cpu_results_do_not_depend_on_thread_count():
     assert torch.get_num_threads() == 2  # restored after forward and backward
     for a, b in zip(single, multi):
         assert torch.equal(a, b)
+
+
+# ------------------------------------------------ dense reference of the encoder
+
+
+def _dense_conv(x, mask, conv):
+    """A sparse conv as a dense conv3d on the zero-filled grid (spconv layout
+    [out, kx, ky, kz, in] -> conv3d [out, in, kx, ky, kz]); submanifold convs keep
+    the input sites, strided ones activate every site whose window holds one."""
+    stride, padding = list(conv.stride), list(conv.padding)
+    y = F.conv3d(x, conv.weight.permute(0, 4, 1, 2, 3), stride=stride, padding=padding)
+    if not conv.subm:
+        mask = F.max_pool3d(mask, list(conv.kernel_size), stride=stride, padding=padding)
+    return y * mask, mask
+
+
+def _dense_bn(bn, x):
+    scale = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    shape = (1, -1, 1, 1, 1)
+    return (x - bn.running_mean.view(shape)) * scale.view(shape) + bn.bias.view(shape)
+
+
+def _dense_run(module, x, mask):
+    from mmdet3d_scaling.models.bevfusion.sparse_encoder import (SparseBasicBlock,
+                                                                 SparseSequential)
+    if isinstance(module, SparseSequential):
+        for child in module:
+            x, mask = _dense_run(child, x, mask)
+        return x, mask
+    if isinstance(module, SparseBasicBlock):
+        y, _ = _dense_conv(x, mask, module.conv1)
+        y = F.relu(_dense_bn(module.bn1, y)) * mask
+        y, _ = _dense_conv(y, mask, module.conv2)
+        return F.relu(_dense_bn(module.bn2, y) + x) * mask, mask
+    if isinstance(module, sb.sparse_conv_types()):
+        return _dense_conv(x, mask, module)
+    if isinstance(module, torch.nn.BatchNorm1d):
+        return _dense_bn(module, x) * mask, mask
+    return module(x) * mask, mask  # ReLU
+
+
+def test_sparse_encoder_matches_dense_reference():
+    """The whole encoder (spconv weights, kernel orientation, strides, paddings, the
+    (X, Y, Z) order and the BEV reshape) equals dense convolutions on the grid."""
+    torch.manual_seed(0)
+    encoder = build(tiny_encoder_cfg('spconv'))
+    with torch.no_grad():
+        for name, value in encoder.state_dict().items():
+            if 'running_var' in name:
+                value.uniform_(0.5, 1.5)
+            elif 'running_mean' in name:
+                value.uniform_(-0.1, 0.1)
+    encoder.eval()
+    batch = toy_batch(seed=7)
+    voxelizer = BEVFusionVoxelizer(VOXEL, PCR, max_num_points=10, max_voxels=20000)
+    feats, coords, _ = voxelizer(batch['inputs']['points'])
+    c = coords.long()
+    x = torch.zeros(2, 5, *GRID)
+    mask = torch.zeros(2, 1, *GRID)
+    x[c[:, 0], :, c[:, 1], c[:, 2], c[:, 3]] = feats
+    mask[c[:, 0], 0, c[:, 1], c[:, 2], c[:, 3]] = 1
+    with torch.no_grad():
+        x, mask = _dense_run(encoder.conv_input, x, mask)
+        x, mask = _dense_run(encoder.encoder_layers, x, mask)
+        x, _ = _dense_run(encoder.conv_out, x, mask)
+        n, ch, h, w, d = x.shape
+        dense = x.permute(0, 1, 4, 2, 3).reshape(n, ch * d, h, w)
+        sparse = encoder(feats, coords, 2)
+    assert dense.abs().max() > 0
+    assert ((sparse - dense).abs().max() / dense.abs().max()) < 1e-5
