@@ -44,6 +44,9 @@ def _numpy_globals() -> List[Any]:
     return found
 
 
+_HISTORY_BUFFER_STATISTICS = {'min', 'max', 'current', 'mean'}
+
+
 def history_buffer_method(owner: Any, name: str) -> Any:
     """Stands in for ``builtins.getattr`` while unpickling, limited to what it must do.
 
@@ -53,7 +56,10 @@ def history_buffer_method(owner: Any, name: str) -> Any:
     registered statistics methods of ``HistoryBuffer``.
     """
     from mmengine.logging.history_buffer import HistoryBuffer
-    if owner is HistoryBuffer and name in HistoryBuffer._statistics_methods:
+    # The built-in statistics are registered lazily (in the first __init__), so a fresh
+    # process knows them only by name; custom ones are registered at import time.
+    known = _HISTORY_BUFFER_STATISTICS | set(HistoryBuffer._statistics_methods)
+    if owner is HistoryBuffer and name in known:
         return getattr(owner, name)
     raise pickle.UnpicklingError(
         f'checkpoint asks for getattr({owner!r}, {name!r}); only HistoryBuffer '

@@ -85,3 +85,20 @@ def test_getattr_is_limited_to_history_buffer_statistics(tmp_path, no_trusted):
     torch.save(dict(meta=dict(x=_SneakyGetattr())), path)
     with pytest.raises(shim.UntrustedCheckpointError, match='--trust-checkpoint'):
         CheckpointLoader.load_checkpoint(path)
+
+
+def test_fresh_process_loads_a_runner_checkpoint(tmp_path, no_trusted):
+    # A new interpreter has created no HistoryBuffer yet (its statistics are registered
+    # lazily): loading must not depend on that.
+    import subprocess
+    import sys
+    path = _train_and_checkpoint(tmp_path)
+    code = ('import mmdet3d_scaling\n'
+            'from mmengine.runner.checkpoint import CheckpointLoader\n'
+            f'ckpt = CheckpointLoader.load_checkpoint({path!r}, map_location="cpu")\n'
+            'print("iter", ckpt["meta"]["iter"])\n')
+    env = {k: v for k, v in os.environ.items() if k != shim.TRUSTED_ENV}
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert 'iter 4' in proc.stdout
