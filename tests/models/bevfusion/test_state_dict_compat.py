@@ -178,3 +178,12 @@ def test_runner_load_from_gives_same_outputs(tmp_path, layout):
         assert torch.equal(a.pred_instances_3d.bboxes_3d.tensor,
                            b.pred_instances_3d.bboxes_3d.tensor)
         assert torch.equal(a.pred_instances_3d.scores_3d, b.pred_instances_3d.scores_3d)
+
+
+def test_our_lidar_config_builds_the_official_model(official_lidar_model, reference):
+    """configs/bevfusion/...nus-3d.py (this package's recipe) has the official model."""
+    from .common import REPO
+    cfg = Config.fromfile(osp.join(REPO, 'configs', 'bevfusion',
+                                   'bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py'))
+    ours = spconv_shapes(MODELS.build(cfg.model))
+    assert ours == reference[LIDAR_CONFIG_NAME]
