@@ -1,0 +1,183 @@
+"""tools/benchmark_scaling.py end to end on the CPU (gloo): real training runs of the
+PointPillars synthetic config on tiny synthetic KITTI data, 1 and 2 processes, with the
+comm-off run for 2, then the merge step (scaling.json / scaling.md / scaling.png).
+
+One tool invocation (three spawned runs) serves every assertion on the measured
+figures; the merge arithmetic is also checked on hand-written per-rank records.
+"""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.auto_batch_size_common import write_dataset
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / 'tools' / 'benchmark_scaling.py'
+CONFIG = REPO / 'configs' / 'pointpillars' / 'pointpillars_synthetic_kitti.py'
+LABEL = CONFIG.stem
+PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
+WARMUP, ITERS = 1, 2
+TOTAL = 4  # effective batch (the config's 8, halved for time)
+
+
+def _load_tool():
+    spec = importlib.util.spec_from_file_location('benchmark_scaling', TOOL)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def small_config_options(data_root: str) -> list:
+    """--cfg-options: the data root, no loader workers, no ObjectSample draws (its first
+    collision test compiles numba kernels for ~30 s in every process), fewer channels,
+    a smaller effective batch."""
+    pipe = 'train_dataloader.dataset.dataset.pipeline.2.db_sampler'
+    return [
+        f'train_dataloader.dataset.dataset.data_root={data_root}/',
+        f'{pipe}.data_root={data_root}/',
+        f'{pipe}.info_path={data_root}/kitti_dbinfos_train.pkl',
+        f'{pipe}.sample_groups.Car=0', f'{pipe}.sample_groups.Pedestrian=0',
+        f'{pipe}.sample_groups.Cyclist=0',
+        'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+        'model.voxel_encoder.feat_channels=[16]', 'model.middle_encoder.in_channels=16',
+        'model.backbone.in_channels=16', 'model.backbone.layer_nums=[1,1,1]',
+        'model.backbone.out_channels=[16,32,64]', 'model.neck.in_channels=[16,32,64]',
+        'model.neck.out_channels=[32,32,32]', 'model.bbox_head.in_channels=96',
+        'model.bbox_head.feat_channels=96',
+        f'scaling.total_batch_size={TOTAL}',  # 2 x 1 x 2 and 2 x 2 x 1: fewer iterations
+    ]
+
+
+def run_tool(out: Path, data_root: str, *extra: str,
+             check: bool = True) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(TOOL), str(CONFIG), '--devices', 'cpu',
+           '--iters', str(ITERS), '--warmup', str(WARMUP), '--out', str(out),
+           *extra, '--cfg-options', *small_config_options(data_root)]
+    proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True,
+                          timeout=600)
+    if check:
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope='module')
+def data_root(tmp_path_factory) -> str:
+    return write_dataset(str(tmp_path_factory.mktemp('bench_kitti')), train_frames=8)
+
+
+@pytest.fixture(scope='module')
+def bench(tmp_path_factory, data_root):
+    out = tmp_path_factory.mktemp('bench_out')
+    proc = run_tool(out, data_root, '--nproc', '1,2')
+    return out, proc
+
+
+def _raw(out: Path, n: int, comm: str) -> dict:
+    with open(out / f'{LABEL}_n{n}_comm-{comm}' / 'result.json') as f:
+        return json.load(f)
+
+
+def _throughput(raw: dict) -> float:
+    """samples/s from the per-rank records: all samples over the slowest rank's time."""
+    return (sum(r['samples'] for r in raw['ranks'])
+            / max(r['seconds'] for r in raw['ranks']))
+
+
+def test_outputs_written(bench):
+    out, proc = bench
+    for name in ('scaling.json', 'scaling.md', 'scaling.png'):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / 'scaling.png').read_bytes()[:8] == PNG_MAGIC
+    table = (out / 'scaling.md').read_text()
+    assert table.startswith('Command: `') and '| config | GPUs |' in table
+    rows = [line for line in table.splitlines() if line.startswith(f'| {LABEL} |')]
+    assert [row.split('|')[2].strip() for row in rows] == ['1', '2']
+    assert '2 x 1 x 2 = 4' in rows[0] and '2 x 2 x 1 = 4' in rows[1]  # same batch
+    assert 'wrote' in proc.stdout
+
+
+def test_figures_come_from_the_measured_runs(bench):
+    out, _ = bench
+    result = json.loads((out / 'scaling.json').read_text())
+    assert result['nproc'] == [1, 2] and result['devices'] == 'cpu'
+    rows = {row['world_size']: row for row in result['rows']}
+    assert sorted(rows) == [1, 2]
+    raw1, raw2 = _raw(out, 1, 'on'), _raw(out, 2, 'on')
+    assert [r['rank'] for r in raw2['ranks']] == [0, 1]
+    for n, raw in ((1, raw1), (2, raw2)):
+        row = rows[n]
+        assert row['total_batch'] == TOTAL
+        assert row['per_gpu_batch'] * n * row['accumulation'] == TOTAL
+        # the measured window: ITERS optimizer steps of accumulation micro-batches each
+        assert all(r['iters'] == ITERS * row['accumulation'] for r in raw['ranks'])
+        assert all(r['samples'] == ITERS * TOTAL // n for r in raw['ranks'])
+        assert all(r['seconds'] > 0 for r in raw['ranks'])
+        assert row['samples_per_s'] == pytest.approx(_throughput(raw))
+        assert row['step_s'] == pytest.approx(
+            max(r['seconds'] for r in raw['ranks']) / ITERS)
+        assert 0 <= row['data_wait_share'] < 1
+        assert row['peak_mem_mb'] is None  # CPU: no CUDA allocator figures
+        spread = row['spread']
+        assert spread['samples_per_s_min'] <= spread['samples_per_s_max']
+    expected = _throughput(raw2) / (2 * _throughput(raw1))
+    assert rows[2]['efficiency'] == pytest.approx(expected)
+    assert rows[2]['speedup'] == pytest.approx(2 * expected)
+    assert rows[1]['efficiency'] == pytest.approx(1.0)
+    assert rows[2]['gpu_monitor'].get('gpu_samples_per_s_min') is not None  # cross-rank
+
+
+def test_comm_time_from_the_comm_off_run(bench):
+    out, _ = bench
+    rows = {r['world_size']: r for r in json.loads((out / 'scaling.json').read_text())['rows']}
+    off = _raw(out, 2, 'off')
+    assert off['comm'] == 'off' and off['world_size'] == 2
+    no_comm_step = max(r['seconds'] for r in off['ranks']) / ITERS
+    assert rows[2]['no_comm_step_s'] == pytest.approx(no_comm_step)
+    assert rows[2]['comm_step_s'] == pytest.approx(
+        max(0.0, rows[2]['step_s'] - no_comm_step))
+    assert rows[2]['comm_share'] == pytest.approx(rows[2]['comm_step_s'] / rows[2]['step_s'])
+    assert rows[1]['comm_step_s'] == 0.0  # one process communicates nothing
+    assert not (out / f'{LABEL}_n1_comm-off').exists()  # no comm-off run for 1 process
+
+
+def test_merge_arithmetic_on_given_records(tmp_path):
+    tool = _load_tool()
+
+    def raw(world, seconds, samples, wait=0.1):
+        return dict(world_size=world, accumulation=8 // (2 * world), per_gpu_batch=2,
+                    dataset_len=100, device='test', ranks=[
+                        dict(rank=r, seconds=s, iters=4, samples=samples, data_wait_s=wait,
+                             peak_mem_mb=None) for r, s in enumerate(seconds)])
+    one = dict(tool.summarise(raw(1, [10.0], 40), None), label='m', config='m.py')
+    two = dict(tool.summarise(raw(2, [6.0, 5.0], 40), 200), label='m', config='m.py')
+    assert one['samples_per_s'] == pytest.approx(4.0)
+    assert two['samples_per_s'] == pytest.approx(80 / 6.0)  # slowest rank sets the pace
+    assert two['epoch_s'] == pytest.approx(200 / (80 / 6.0))
+    assert two['spread']['samples_per_s_min'] == pytest.approx(40 / 6.0)
+    tool.add_scaling([one, two])
+    assert two['efficiency'] == pytest.approx((80 / 6.0) / (2 * 4.0))
+    result = dict(config='m.py', command='x', rows=[one, two])
+    tool._write_outputs(result, str(tmp_path))
+    assert (tmp_path / 'scaling.png').read_bytes()[:8] == PNG_MAGIC
+    assert f"| {two['efficiency']:.2f} |" in (tmp_path / 'scaling.md').read_text()
+
+
+def test_bad_arguments_are_clear_errors(tmp_path):
+    tool = _load_tool()
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(CONFIG), '--nproc', '0,2'])
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(CONFIG), '--nnodes', '2'])  # no --master-port
+    args = tool.parse_args([str(CONFIG), '--nproc', '1', '--compare-stock', 'mmdet3d::nope.py',
+                            '--out', str(tmp_path)])
+    with pytest.raises(SystemExit, match="stock config 'mmdet3d::nope.py' not found"):
+        tool._resolve_stock(args.compare_stock)
+    args = tool.parse_args([str(CONFIG), '--devices', 'cpu', '--nproc', '1',
+                            '--compare-nproc', '2'])
+    with pytest.raises(SystemExit, match='--compare-nproc 2 must be one of --nproc'):
+        tool._compare(args, [dict(world_size=1)])
