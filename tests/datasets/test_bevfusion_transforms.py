@@ -7,6 +7,13 @@ from PIL import Image
 
 import mmdet3d_scaling  # noqa: F401  (registers the transforms)
 from mmdet3d.registry import TRANSFORMS
+from mmengine.registry import init_default_scope
+
+
+@pytest.fixture(autouse=True)
+def mmdet3d_scope():
+    # Earlier tests' Runners leave another default scope; unscoped names resolve in it.
+    init_default_scope('mmdet3d')
 from mmdet3d.structures import LiDARInstance3DBoxes
 from mmdet3d.structures.points import LiDARPoints
 

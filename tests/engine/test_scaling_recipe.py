@@ -112,7 +112,8 @@ def test_prepare_config_applies_the_recipe_once(tmp_path):
 @pytest.mark.parametrize('extra,match', [
     (dict(auto_scale_lr=dict(enable=True, base_batch_size=4)), 'auto_scale_lr.enable=True and scaling'),
     (dict(optim_wrapper=dict(type='OptimWrapper', accumulative_counts=2,
-                             optimizer=dict(type='SGD', lr=0.1))), 'also sets it to 2'),
+                             optimizer=dict(type='SGD', lr=0.1))),
+     r'accumulative_counts = 2; scaling \(derived accumulation\) = 4'),
     (dict(scaling=dict(total_batch_size=8, per_gpu=2)), r'unknown key\(s\) in scaling: per_gpu'),
 ])
 def test_conflicting_settings_are_errors(tmp_path, extra, match):

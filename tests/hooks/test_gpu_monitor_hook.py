@@ -152,6 +152,9 @@ def test_real_pointpillars_config(tmp_path, monkeypatch):
     cfg.default_hooks.logger.interval = 1
     cfg.default_hooks.visualization = dict(type='Det3DVisualizationHook', draw=False)
     cfg.custom_hooks = [dict(type='GPUMonitorHook')]
+    # The visualizer is a process-wide singleton by name: a fixed name would reuse an
+    # earlier test's instance, which writes its JSON log into that test's directory.
+    cfg.visualizer.pop('name', None)
     runner = Runner.from_cfg(cfg)
     runner.train()
     logged = [line for line in _json_lines(runner) if 'gpu_samples_per_s' in line]
