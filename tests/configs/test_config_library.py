@@ -1,0 +1,110 @@
+"""The config library under configs/: every file loads, and the per-GPU-count variants
+of each family keep the recipe's effective batch and LR under the scaling engine on
+1, 2, 4 and 8 processes (``prepare_config`` as the Runner runs it, launcher env set)."""
+import copy
+import glob
+import os.path as osp
+from functools import lru_cache
+
+import pytest
+from mmengine.config import Config
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d_scaling.engine.config_preparation import prepare_config
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+CONFIGS = osp.join(REPO, 'configs')
+ALL = sorted(p for p in glob.glob(osp.join(CONFIGS, '**', '*.py'), recursive=True)
+             if '_base_' not in p.split(osp.sep))
+WORLD_SIZES = (1, 2, 4, 8)
+MMDET3D_CONFIGS = osp.join(osp.dirname(__import__('mmdet3d').__file__), '.mim', 'configs')
+
+# family: (variant file with {n}, recipe total batch, recipe LR (None: the 8-GPU file's),
+#          stock mmdet3d config under mmdet3d's .mim/configs)
+FAMILIES = {
+    'pv_rcnn': ('pv_rcnn/pv_rcnn_{n}xb2-80e_kitti-3d-3class.py', 16, 1e-3,
+                'pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py'),
+    'second': ('second/second_hv_secfpn_{n}xb6-80e_kitti-3d-3class.py', 48, None,
+               'second/second_hv_secfpn_8xb6-80e_kitti-3d-3class.py'),
+    'pointpillars': ('pointpillars/pointpillars_hv_secfpn_{n}xb6-160e_kitti-3d-3class.py',
+                     48, None,
+                     'pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-3class.py'),
+    'bevfusion_lidar': ('bevfusion/bevfusion_lidar_voxel0075_second_secfpn_{n}xb4-cyclic-20e_'
+                        'nus-3d.py', 32, 1e-4, None),
+    'bevfusion_lidar_cam': ('bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_{n}xb4-6e_'
+                            'nus-3d.py', 32, None, None),
+}
+
+
+@lru_cache(maxsize=None)
+def _load(path: str) -> Config:
+    return Config.fromfile(path)
+
+
+def _prepared(path: str, world_size: int, monkeypatch) -> Config:
+    for key, value in (('RANK', '0'), ('LOCAL_RANK', '0'), ('WORLD_SIZE', str(world_size)),
+                       ('MASTER_ADDR', '127.0.0.1'), ('MASTER_PORT', '29500')):
+        monkeypatch.setenv(key, value)
+    cfg = copy.deepcopy(_load(path))
+    cfg.launcher = 'pytorch'
+    cfg.preflight = dict(check_data=False)  # the KITTI / nuScenes data is not here
+    return prepare_config(cfg)
+
+
+def _effective(cfg: Config, world_size: int):
+    acc = cfg.optim_wrapper.get('accumulative_counts', 1)
+    return (cfg.train_dataloader.batch_size * world_size * acc,
+            cfg.optim_wrapper.optimizer.lr)
+
+
+@pytest.mark.parametrize('path', ALL, ids=lambda p: osp.relpath(p, CONFIGS))
+def test_every_config_loads(path):
+    cfg = _load(path)
+    assert cfg.get('model') is not None and cfg.get('train_dataloader') is not None
+    if cfg.get('scaling'):  # the plugin's key needs the plugin imported by the config
+        assert 'mmdet3d_scaling' in cfg.custom_imports['imports']
+
+
+@pytest.mark.parametrize('family', sorted(FAMILIES))
+def test_variants_keep_effective_batch_and_lr(family, monkeypatch):
+    pattern, total, lr, stock = FAMILIES[family]
+    if lr is None:
+        lr = _load(osp.join(CONFIGS, pattern.format(n=8))).optim_wrapper.optimizer.lr
+    if stock is not None:  # the recipe's LR is the stock 8-GPU config's
+        stock_cfg = Config.fromfile(osp.join(MMDET3D_CONFIGS, stock))
+        assert stock_cfg.optim_wrapper.optimizer.lr == pytest.approx(lr)
+    seen = {}
+    for variant in WORLD_SIZES:
+        path = osp.join(CONFIGS, pattern.format(n=variant))
+        for world_size in WORLD_SIZES:
+            cfg = _prepared(path, world_size, monkeypatch)
+            batch, got_lr = _effective(cfg, world_size)
+            seen[(variant, world_size)] = (batch, cfg.train_dataloader.batch_size)
+            assert batch == total, (path, world_size)
+            assert got_lr == pytest.approx(lr), (path, world_size)
+    # the file named for N GPUs splits as named when started on N
+    per_gpu = {seen[(n, n)][1] for n in WORLD_SIZES}
+    assert len(per_gpu) == 1, per_gpu
+
+
+def test_pv_rcnn_auto_scale_lr_base_matches_the_recipe():
+    stock = Config.fromfile(
+        osp.join(MMDET3D_CONFIGS, 'pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py'))
+    assert stock.auto_scale_lr.base_batch_size == 48  # inherited from SECOND's 8 x 6
+    assert stock.train_dataloader.batch_size * 8 == 16
+    for n in WORLD_SIZES:
+        cfg = _load(osp.join(CONFIGS, f'pv_rcnn/pv_rcnn_{n}xb2-80e_kitti-3d-3class.py'))
+        assert cfg.auto_scale_lr.base_batch_size == 16
+        assert cfg.auto_scale_lr.enable is False  # the scaling key owns the LR
+
+
+def test_sync_bn_on_multi_process_plain_bn_alone(monkeypatch):
+    path = osp.join(CONFIGS, 'pv_rcnn/pv_rcnn_2xb2-80e_kitti-3d-3class.py')
+    wrapper = _prepared(path, 2, monkeypatch).model_wrapper_cfg
+    assert wrapper.sync_bn == 'torch'
+    cfg = copy.deepcopy(_load(path))  # python tools/train.py: no launcher, no wrapper
+    cfg.launcher = 'none'
+    cfg.preflight = dict(check_data=False)
+    prepared = prepare_config(cfg)
+    assert (prepared.get('model_wrapper_cfg') or {}).get('sync_bn') is None
+    assert _effective(prepared, 1)[0] == 16
