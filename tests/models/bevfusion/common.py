@@ -23,8 +23,6 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
                           'data', 'reference', 'official_bevfusion_state_dict.json')
 LIDAR_CONFIG_NAME = 'bevfusion_lidar_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
-UPSTREAM_LIDAR_CONFIG = osp.join(REPO, 'tests', 'data', 'upstream_configs',
-                                 LIDAR_CONFIG_NAME + '.py')
 
 CLASSES = ['car', 'truck', 'construction_vehicle', 'bus', 'trailer', 'barrier',
            'motorcycle', 'bicycle', 'pedestrian', 'traffic_cone']

@@ -1,9 +1,11 @@
 """State-dict compatibility with mmdet3d 1.4's official BEVFusion checkpoints.
 
-- The official LiDAR-only config (a verbatim copy under tests/data/upstream_configs,
-  laid out as in the mmdet3d source tree) builds with only custom_imports changed, and
-  its state dict has exactly the official names and shapes (306 entries, 8,315,898
-  numbers; sparse-conv weights compared in spconv 2's layout).
+- The LiDAR-only model has exactly the official state-dict names and shapes (306
+  entries, 8,315,898 numbers; sparse-conv weights compared in spconv 2's layout; the
+  reference is tests/data/reference). It is built from the official config with only
+  custom_imports changed when ``MMDET3D_BEVFUSION_LIDAR_CONFIG`` names that file in an
+  mmdet3d 1.4 source checkout (upstream code is not copied into this repository), else
+  from this project's own recipe, configs/bevfusion/.
 - A fake official-format checkpoint (official names and shapes, random values, sparse
   weights in spconv or mmcv layout) loads through mmengine's ``load_checkpoint`` and a
   real Runner's ``load_from``, and every value lands.
@@ -24,8 +26,11 @@ import mmdet3d
 from mmdet3d.registry import MODELS
 from mmdet3d_scaling.models.bevfusion import sparse_backend as sb
 
-from .common import (LIDAR_CONFIG_NAME, REFERENCE_JSON, UPSTREAM_LIDAR_CONFIG, build,
-                     tiny_model_cfg, toy_batch)
+from .common import (LIDAR_CONFIG_NAME, REFERENCE_JSON, REPO, build, tiny_model_cfg,
+                     toy_batch)
+
+OUR_LIDAR_CONFIG = osp.join(REPO, 'configs', 'bevfusion',
+                            'bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py')
 
 pytest.importorskip('spconv.pytorch')
 UPSTREAM_IMPORT = "imports=['projects.BEVFusion.bevfusion']"
@@ -62,8 +67,12 @@ def upstream_tree(root: str, *config_files: str) -> str:
 
 @pytest.fixture(scope='module')
 def official_lidar_model(tmp_path_factory):
-    cfg_dir = upstream_tree(str(tmp_path_factory.mktemp('mmdet3d')), UPSTREAM_LIDAR_CONFIG)
-    cfg = Config.fromfile(osp.join(cfg_dir, LIDAR_CONFIG_NAME + '.py'))
+    upstream = os.environ.get('MMDET3D_BEVFUSION_LIDAR_CONFIG')
+    if upstream:
+        cfg_dir = upstream_tree(str(tmp_path_factory.mktemp('mmdet3d')), upstream)
+        cfg = Config.fromfile(osp.join(cfg_dir, osp.basename(upstream)))
+    else:
+        cfg = Config.fromfile(OUR_LIDAR_CONFIG)
     assert cfg.custom_imports['imports'] == ['mmdet3d_scaling']
     return MODELS.build(cfg.model)
 
