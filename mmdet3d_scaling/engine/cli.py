@@ -106,6 +106,15 @@ def _build_runner(cfg: Config) -> Runner:
     return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
 
 
+def _shutdown_distributed() -> None:
+    """Destroy the process group explicitly: one left to the interpreter's exit handlers
+    can abort a rank (gloo: "terminate called without an active exception")."""
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
 def train_main(argv: Optional[List[str]] = None) -> Runner:
     args = train_parser().parse_args(argv)
     cfg = load_config(args)
@@ -131,6 +140,7 @@ def train_main(argv: Optional[List[str]] = None) -> Runner:
         cfg.resume, cfg.load_from = True, args.resume
     runner = _build_runner(cfg)
     runner.train()
+    _shutdown_distributed()
     return runner
 
 
@@ -160,4 +170,6 @@ def test_main(argv: Optional[List[str]] = None) -> dict:
             raise ValueError('--tta needs tta_model and tta_pipeline in the config')
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
         cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
-    return _build_runner(cfg).test()
+    metrics = _build_runner(cfg).test()
+    _shutdown_distributed()
+    return metrics
