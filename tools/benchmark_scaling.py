@@ -259,12 +259,8 @@ def run_worker(spec_path: str) -> None:
     runner.register_hook(BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'],
                                             spec['result']), priority='LOWEST')
     runner.train()
-    # Tear the process group down before the interpreter exits: a gloo group left to
-    # the exit handlers can abort the process ("terminate called without an active
-    # exception") after the results were written, failing the whole launch.
-    if torch_dist.is_available() and torch_dist.is_initialized():
-        torch_dist.barrier()
-        torch_dist.destroy_process_group()
+    from mmdet3d_scaling.engine.launcher import shutdown_distributed
+    shutdown_distributed()
 
 
 # ------------------------------------------------------------------ orchestrator side

@@ -19,7 +19,7 @@ from mmengine.runner import Runner
 
 from ..compat.checkpoint import trust_checkpoints
 from .launcher import CHOICES as LAUNCHER_CHOICES
-from .launcher import resolve_launcher
+from .launcher import resolve_launcher, shutdown_distributed
 
 
 def _common_args(parser: argparse.ArgumentParser) -> None:
@@ -106,15 +106,6 @@ def _build_runner(cfg: Config) -> Runner:
     return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
 
 
-def _shutdown_distributed() -> None:
-    """Destroy the process group explicitly: one left to the interpreter's exit handlers
-    can abort a rank (gloo: "terminate called without an active exception")."""
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
-
-
 def train_main(argv: Optional[List[str]] = None) -> Runner:
     args = train_parser().parse_args(argv)
     cfg = load_config(args)
@@ -140,7 +131,7 @@ def train_main(argv: Optional[List[str]] = None) -> Runner:
         cfg.resume, cfg.load_from = True, args.resume
     runner = _build_runner(cfg)
     runner.train()
-    _shutdown_distributed()
+    shutdown_distributed()
     return runner
 
 
@@ -171,5 +162,5 @@ def test_main(argv: Optional[List[str]] = None) -> dict:
         cfg.test_dataloader.dataset.pipeline = cfg.tta_pipeline
         cfg.model = ConfigDict(**cfg.tta_model, module=cfg.model)
     metrics = _build_runner(cfg).test()
-    _shutdown_distributed()
+    shutdown_distributed()
     return metrics

@@ -45,3 +45,15 @@ def world_size(launcher: str, environ: Optional[Mapping[str, str]] = None) -> in
     if launcher == 'mpi':
         return int(env.get('OMPI_COMM_WORLD_SIZE', env.get('PMI_SIZE', '1')))
     return 1
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group explicitly at the end of a run.
+
+    A gloo group left to the interpreter's exit handlers can abort a rank ("terminate
+    called without an active exception") after the run finished, failing the launch.
+    """
+    import torch.distributed as dist
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
