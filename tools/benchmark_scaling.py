@@ -19,8 +19,11 @@ ones users publish) and ``scaling.png`` (samples/s and efficiency against N).
 
 Comparison mode (``--compare-stock STOCK_CONFIG``): the same model through stock mmdet3d
 (its own config, the plugin not imported) against the plugin config, same dataset and
-pipeline (taken from the plugin config) and the same effective batch (per-GPU batch and
-``accumulative_counts`` from the plugin run's plan), at ``--compare-nproc`` GPUs.
+pipeline (taken from the plugin config, ``--cfg-options`` applied) and the same effective
+batch, at ``--compare-nproc`` GPUs. The stock run keeps its own per-GPU batch
+(``train_dataloader.batch_size``) and reaches the plugin run's effective batch with
+mmengine's ``accumulative_counts``; everything else (loader, precision, cudnn) is the
+stock config's.
 
 Examples::
 
@@ -211,6 +214,11 @@ def _bench_overrides(cfg: Any, spec: Dict[str, Any]) -> None:
                 'test_dataloader', 'test_evaluator'):
         cfg[key] = None
     cfg.param_scheduler = None  # the LR schedule does not change the speed
+    # Full batches without epoch ends (no partial last batch, no loader restart), for
+    # plugin and stock configs alike.
+    sampler = cfg.train_dataloader.get('sampler') or {}
+    cfg.train_dataloader.sampler = dict(type='InfiniteSampler',
+                                        shuffle=sampler.get('shuffle', True))
     hooks = cfg.setdefault('default_hooks', {})
     hooks['checkpoint'] = None
     interval = max(1, min(10, spec['iters']))
@@ -223,10 +231,12 @@ def _bench_overrides(cfg: Any, spec: Dict[str, Any]) -> None:
 
 
 def _stock_config(spec: Dict[str, Any]) -> Any:
-    """The stock config with the plugin config's dataset and the plugin run's batch."""
+    """The stock config with the plugin config's dataset and the effective batch."""
     from mmengine.config import Config
     cfg = Config.fromfile(spec['config'], import_custom_modules=False)
     data = Config.fromfile(spec['data_from'], import_custom_modules=False)
+    if spec.get('data_cfg_options'):
+        data.merge_from_dict(spec['data_cfg_options'])
     cfg.train_dataloader.dataset = copy.deepcopy(data.train_dataloader.dataset)
     cfg.train_dataloader.batch_size = spec['per_gpu_batch']
     if spec['accumulation'] > 1:
@@ -250,7 +260,7 @@ def run_worker(spec_path: str) -> None:
             cfg.custom_hooks = hooks
     else:
         cfg = _stock_config(spec)
-    if spec.get('cfg_options'):
+    if spec['plugin'] and spec.get('cfg_options'):
         cfg.merge_from_dict(spec['cfg_options'])
     _bench_overrides(cfg, spec)
     distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1
@@ -480,20 +490,36 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     return result
 
 
+def stock_accumulation(total_batch: int, stock_batch: int, nproc: int) -> int:
+    """Accumulation steps that give the stock per-GPU batch the plugin's effective batch."""
+    if total_batch % (stock_batch * nproc):
+        raise SystemExit(
+            f'benchmark_scaling: the plugin run\'s effective batch {total_batch} is not a '
+            f'multiple of the stock config\'s per-GPU batch {stock_batch} x {nproc} GPU(s); '
+            'pick a --compare-nproc or a plugin total_batch_size that it divides.')
+    return total_batch // (stock_batch * nproc)
+
+
 def _compare(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Stock mmdet3d on ``--compare-nproc`` GPUs with the plugin run's batch split."""
+    """Stock mmdet3d on ``--compare-nproc`` GPUs: its own per-GPU batch, same total."""
+    from mmengine.config import Config
     n = args.compare_nproc
     ref = next((r for r in rows if r['world_size'] == n), None)
     if ref is None:
         raise SystemExit(f'benchmark_scaling: --compare-nproc {n} must be one of --nproc '
-                         f'{args.nproc} (the stock run copies that run\'s batch split).')
+                         f'{args.nproc} (the stock run matches that run\'s effective '
+                         'batch).')
+    path = _resolve_stock(args.compare_stock)
+    stock_batch = int(Config.fromfile(path, import_custom_modules=False)
+                      .train_dataloader.batch_size)
     label = 'stock:' + os.path.splitext(os.path.basename(args.compare_stock))[0]
     work = os.path.join(args.out, f'stock_n{n}')
-    spec = dict(config=_resolve_stock(args.compare_stock),
-                data_from=os.path.abspath(args.config), cfg_options={}, warmup=args.warmup,
-                iters=args.iters, plugin=False, label=label, comm='on', work_dir=work,
-                result=os.path.join(work, 'result.json'),
-                per_gpu_batch=ref['per_gpu_batch'], accumulation=ref['accumulation'])
+    spec = dict(config=path, data_from=os.path.abspath(args.config),
+                data_cfg_options=args.cfg_options or {}, cfg_options={},
+                warmup=args.warmup, iters=args.iters, plugin=False, label=label, comm='on',
+                work_dir=work, result=os.path.join(work, 'result.json'),
+                per_gpu_batch=stock_batch,
+                accumulation=stock_accumulation(ref['total_batch'], stock_batch, n))
     raw = _launch(spec, n, args)
     row = dict(summarise(raw, args.epoch_samples), label=label, config=args.compare_stock)
     row['speedup'] = row['samples_per_s'] / ref['samples_per_s']  # stock vs plugin

@@ -10,6 +10,7 @@ from ..compat.checkpoint import trust_checkpoints
 from ..datasets.preflight import check_data_paths
 from .launcher import resolve_launcher, world_size
 from .legacy_config import translate_amp_config, translate_optimizer_config
+from .matmul_precision import configure_matmul_precision
 from .parallel import configure_devices, configure_distributed
 from .auto_batch_size import configure_auto_batch_size
 from .scaling_recipe import apply_scaling_recipe
@@ -28,6 +29,7 @@ def prepare_config(cfg: Config) -> Config:
     cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
     apply_trusted_checkpoints(cfg)
     configure_devices(cfg)
+    configure_matmul_precision(cfg)
     configure_auto_batch_size(cfg)  # before the recipe: turns 'auto' into the hook
     translate_optimizer_config(cfg)  # mmcv 1.x optimizer_config, accumulation hook
     translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp

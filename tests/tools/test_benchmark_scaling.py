@@ -200,3 +200,40 @@ def test_four_process_gloo_smoke(tmp_path, data_root):
     assert 'SyncBN (torch)' in log  # distributed = dict(sync_bn='torch') on 4 processes
     row = json.loads((tmp_path / 'scaling.json').read_text())['rows'][0]
     assert row['world_size'] == 4 and row['total_batch'] == 8
+
+
+STOCK = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-3class.py'
+
+
+def test_stock_comparison_keeps_the_stock_batch(tmp_path, data_root):
+    """--compare-stock: stock mmdet3d (no plugin) trains its own model at its own per-GPU
+    batch (6), on the plugin config's dataset, to the plugin run's effective batch (6:
+    2 x acc 3 for the plugin, 6 x acc 1 for stock)."""
+    options = [o for o in small_config_options(data_root) if not o.startswith('scaling.')]
+    cmd = [sys.executable, str(TOOL), str(CONFIG), '--devices', 'cpu', '--nproc', '1',
+           '--iters', '1', '--warmup', '1', '--no-comm-run', '--out', str(tmp_path),
+           '--compare-stock', STOCK, '--cfg-options', *options, 'scaling.total_batch_size=6']
+    proc = subprocess.run(cmd, cwd=str(REPO), capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    stock = json.loads((tmp_path / 'stock_n1' / 'result.json').read_text())
+    assert (stock['per_gpu_batch'], stock['accumulation']) == (6, 1)
+    assert stock['ranks'][0]['samples'] == 6  # one measured step of the effective batch
+    assert stock['gpu_monitor'] == {}  # the plugin (and its monitor) was not imported
+    log = (tmp_path / 'stock_n1' / 'run.log').read_text()
+    assert 'mmdet3d_scaling' not in log
+    rows = json.loads((tmp_path / 'scaling.json').read_text())['rows']
+    plugin, stock_row = rows
+    assert (plugin['per_gpu_batch'], plugin['accumulation']) == (2, 3)
+    assert stock_row['label'].startswith('stock:pointpillars_hv_secfpn_8xb6')
+    assert stock_row['total_batch'] == plugin['total_batch'] == 6
+    assert plugin['vs_stock'] == pytest.approx(
+        plugin['samples_per_s'] / stock_row['samples_per_s'])
+
+
+def test_stock_batch_must_divide_the_effective_batch():
+    tool = _load_tool()
+    assert tool.stock_accumulation(16, 2, 1) == 8
+    assert tool.stock_accumulation(16, 2, 2) == 4
+    with pytest.raises(SystemExit, match='effective batch 8 is not a multiple of the '
+                       "stock config's per-GPU batch 6 x 1"):
+        tool.stock_accumulation(8, 6, 1)

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Two-H200 (nvidia-h200-x2) scaling measurements for docs/benchmarks.md, in stages that
+# each fit one device command (<= 10 min). Run from the checkout root after
+# `source .device/setup.sh`; results go to $OUT.
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs, comm-off, SyncBN-off, stock
+#   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
+#   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
+set -uo pipefail
+STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+nproc | sed 's/^/cpu cores: /' | tee -a "$OUT/gpu.txt"
+
+kitti() {
+  [ -f data/synthetic_kitti/kitti_infos_train.pkl ] || python tools/create_synthetic_data.py \
+    kitti --out data/synthetic_kitti --train-frames 200 --val-frames 20 --no-progress \
+    2>&1 | tail -1
+}
+scaling() {  # scaling OUTNAME TIMEOUT ARGS...
+  local name=$1 limit=$2; shift 2
+  echo "== $name: python tools/benchmark_scaling.py $*"
+  timeout "$limit" python tools/benchmark_scaling.py "$@" --out "$OUT/$name" 2>&1 | tail -12
+  echo "== $name exit ${PIPESTATUS[0]}"
+}
+
+case $STAGE in
+pv_rcnn)
+  kitti
+  # tuned config (per-GPU 8, TF32, cudnn autotune) 1 -> 2 GPUs + comm-off + stock 1 GPU
+  scaling pv_rcnn_b8 240 configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1,2 \
+    --iters 12 --warmup 3 --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py
+  # the same at 2 GPUs without SyncBN (is the per-layer statistics all-reduce the cost?)
+  scaling pv_rcnn_b8_nosyncbn 100 configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 2 \
+    --iters 12 --warmup 3 --no-comm-run --cfg-options distributed.sync_bn=None
+  # the recipe's per-GPU batch 2 (accumulation 8 / 4)
+  scaling pv_rcnn_b2 200 configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1,2 \
+    --iters 10 --warmup 3 --no-comm-run --cfg-options scaling.per_gpu_batch_size=2
+  ;;
+bevfusion)
+  [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
+    nuscenes --out data/nuscenes --train-frames 32 --val-frames 4 --workers 16 \
+    --no-progress --overwrite 2>&1 | tail -1
+  scaling bevfusion_lidar 420 \
+    configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_1xb4-cyclic-20e_nus-3d.py \
+    --nproc 1,2 --iters 4 --warmup 2
+  ;;
+auto_batch)
+  kitti
+  # a 3 GiB card: the search, 300 iterations with its choice, the no-margin largest
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python tools/benchmark_auto_batch_size.py \
+    configs/pointpillars/pointpillars_synthetic_kitti.py --memory-gib 3 --iters 300 \
+    --max-batch-size 512 --out "$OUT/auto_batch_size.json" --cfg-options \
+    scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
+    train_dataloader.num_workers=12 2>&1 | tail -20 | tee "$OUT/auto_batch_size.txt"
+  # GPUMonitorHook on 1 GPU and with 2 NCCL processes
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
+    tests/hooks/test_gpu_monitor_hook.py 2>&1 | tail -4 | tee "$OUT/monitor_1gpu.txt"
+  timeout 120 python -m pytest -q -p no:cacheprovider tests/hooks/test_gpu_monitor_hook.py \
+    2>&1 | tail -4 | tee "$OUT/monitor_2gpu.txt"
+  ;;
+*) echo "unknown stage $STAGE"; exit 2 ;;
+esac
