@@ -43,13 +43,20 @@ pv_rcnn)
     --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
+pv_rcnn_syncbn)  # 1 -> 2 GPUs with the host-sync-free SyncBN ('allreduce')
+  kitti
+  scaling pv_rcnn_b8_allreduce ${PV_RCNN_TIMEOUT:-200} \
+    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1,2 --iters 12 --warmup 3 \
+    --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
+    distributed.sync_bn=allreduce
+  ;;
 bevfusion)
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
     nuscenes --out data/nuscenes --train-frames 32 --val-frames 4 --workers 16 \
     --no-progress --overwrite 2>&1 | tail -1
-  scaling bevfusion_lidar 420 \
+  scaling bevfusion_lidar ${BEV_TIMEOUT:-420} \
     configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_1xb4-cyclic-20e_nus-3d.py \
-    --nproc 1,2 --iters 4 --warmup 2
+    --nproc 1,2 --iters ${BEV_ITERS:-4} --warmup ${BEV_WARMUP:-2} ${BEV_EXTRA:-}
   ;;
 auto_batch)
   kitti
@@ -58,7 +65,7 @@ auto_batch)
     tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
     --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
     --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
-    train_dataloader.num_workers=4 2>&1 | tail -20 | tee "$OUT/auto_batch_size.txt"
+    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 | tail -20 | tee "$OUT/auto_batch_size.txt"
   # GPUMonitorHook on 1 GPU and with 2 NCCL processes
   CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
     tests/hooks/test_gpu_monitor_hook.py 2>&1 | tail -4 | tee "$OUT/monitor_1gpu.txt"

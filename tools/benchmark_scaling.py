@@ -87,6 +87,7 @@ class BenchmarkTimerHook(Hook):
         self._samples = 0
         self._iters = 0
         self._cuda = False
+        self.peak_mb = 0.0  # raised by PeakMemoryHook (the logger resets CUDA's counter)
 
     def before_train(self, runner) -> None:
         import torch
@@ -142,7 +143,7 @@ class BenchmarkTimerHook(Hook):
             iters=self._iters,
             samples=self._samples,
             data_wait_s=self._wait_s,
-            peak_mem_mb=(torch.cuda.max_memory_allocated() / 2**20
+            peak_mem_mb=(max(self.peak_mb, torch.cuda.max_memory_allocated() / 2**20)
                          if self._cuda else None),
         )
         ranks = all_gather_object(mine)
@@ -162,6 +163,26 @@ class BenchmarkTimerHook(Hook):
         )
         with open(self.result_path, 'w') as f:
             json.dump(result, f, indent=1)
+
+
+class PeakMemoryHook(Hook):
+    """Reads the CUDA peak before mmengine's LoggerHook resets it at each log interval.
+
+    Args:
+        timer: the run's :class:`BenchmarkTimerHook`, whose ``peak_mb`` it raises.
+    """
+
+    priority = 'VERY_HIGH'  # after_train_iter before LoggerHook (BELOW_NORMAL)
+
+    def __init__(self, timer: BenchmarkTimerHook) -> None:
+        self.timer = timer
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
+                         outputs: Any = None) -> None:
+        if self.timer._cuda and runner.iter >= self.timer._measure_from:
+            import torch
+            self.timer.peak_mb = max(self.timer.peak_mb,
+                                     torch.cuda.max_memory_allocated() / 2**20)
 
 
 def _noop_allreduce(state: object,
@@ -266,8 +287,9 @@ def run_worker(spec_path: str) -> None:
     distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1
     cfg.launcher = 'pytorch' if distributed else 'none'
     runner = Runner.from_cfg(cfg)
-    runner.register_hook(BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'],
-                                            spec['result']), priority='LOWEST')
+    timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'])
+    runner.register_hook(timer, priority='LOWEST')
+    runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
     runner.train()
     from mmdet3d_scaling.engine.launcher import shutdown_distributed
     shutdown_distributed()

@@ -41,7 +41,7 @@ class ScalingDistributedDataParallel(MMDistributedDataParallel):
             forward/backward on the first batch of ``probe_dataloader`` before wrapping,
             log the names of parameters without gradient (union over ranks) and turn the
             option on only if there are any. Defaults to False.
-        sync_bn: None, 'torch', 'mmcv' or 'naive': convert BatchNorm layers (sparse
+        sync_bn: None, 'torch', 'mmcv', 'naive' or 'allreduce': convert BatchNorm layers (sparse
             encoders included) before wrapping; without CUDA 'torch'/'mmcv' fall back
             to 'naive'. Defaults to None.
         comm_compression: None, 'fp16' or 'bf16': all-reduce gradients in half

@@ -9,7 +9,7 @@
         bucket_cap_mb=25,              # DDP bucket size, MiB
         broadcast_buffers=False,       # as mmengine's default wrapper
         comm_compression=None,         # None | 'fp16' | 'bf16' gradient all-reduce
-        sync_bn=None,                  # None | 'torch' | 'mmcv' | 'naive'
+        sync_bn=None,                  # None | 'torch' | 'mmcv' | 'naive' | 'allreduce'
         timeout_minutes=60,            # collective timeout (env_cfg.dist_cfg.timeout)
         detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
     )

@@ -23,7 +23,9 @@ from mmengine.logging import print_log
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-IMPLEMENTATIONS = ('torch', 'mmcv', 'naive')
+IMPLEMENTATIONS = ('torch', 'mmcv', 'naive', 'allreduce')
+# Implementations that train without CUDA (over gloo).
+CPU_CAPABLE = ('naive', 'allreduce')
 
 
 def _spconv_classes():
@@ -62,11 +64,33 @@ def _naive_sparse_class() -> Type[nn.Module]:
     return SparseNaiveSyncBatchNorm1d
 
 
+@functools.lru_cache(maxsize=None)
+def _allreduce_sparse_class() -> Type[nn.Module]:
+    """:class:`AllReduceSyncBatchNorm` that also accepts a ``SparseConvTensor``."""
+    import spconv.pytorch as spconv
+
+    from .allreduce_sync_bn import AllReduceSyncBatchNorm
+
+    class SparseAllReduceSyncBatchNorm(AllReduceSyncBatchNorm):
+
+        def forward(self, input):
+            if isinstance(input, spconv.SparseConvTensor):
+                return input.replace_feature(super().forward(input.features))
+            return super().forward(input)
+
+    return SparseAllReduceSyncBatchNorm
+
+
 def _target_class(bn: _BatchNorm, implementation: str) -> Optional[Type[nn.Module]]:
     """The synchronised class for one layer; None: no synchronised form exists."""
     sparse_bn, sparse_sync_bn = _spconv_classes()
     if sparse_bn is not None and isinstance(bn, sparse_bn):
-        return sparse_sync_bn if implementation != 'naive' else _naive_sparse_class()
+        return {'naive': _naive_sparse_class,
+                'allreduce': _allreduce_sparse_class}.get(implementation,
+                                                          lambda: sparse_sync_bn)()
+    if implementation == 'allreduce':
+        from .allreduce_sync_bn import AllReduceSyncBatchNorm
+        return AllReduceSyncBatchNorm
     if implementation == 'torch':
         return nn.SyncBatchNorm
     if implementation == 'mmcv':
@@ -97,9 +121,9 @@ def resolve_implementation(requested: str, cuda: Optional[bool] = None) -> str:
     """Validate ``requested``; without CUDA, 'torch'/'mmcv' become 'naive' (with a note)."""
     if requested not in IMPLEMENTATIONS:
         raise ValueError(f'sync_bn={requested!r} is not one of {", ".join(IMPLEMENTATIONS)}'
-                         " ('naive': mmdet3d's all-reduce BatchNorm, also works on CPU).")
+                         " ('allreduce': exact, no host sync, also works on CPU).")
     cuda = torch.cuda.is_available() if cuda is None else cuda
-    if not cuda and requested != 'naive':
+    if not cuda and requested not in CPU_CAPABLE:
         print_log(f'sync_bn={requested!r} needs CUDA to train; without a GPU the '
                   "'naive' all-reduce SyncBN (gloo-capable) is used instead.",
                   logger='current')
@@ -113,9 +137,11 @@ def convert_sync_bn(module: nn.Module, implementation: str = 'torch') -> nn.Modu
 
     Args:
         module: model, already on its device.
-        implementation: 'torch' (``nn.SyncBatchNorm``), 'mmcv' (``MMSyncBN``) or
-            'naive' (mmdet3d's ``naiveSyncBN1d/2d``, gloo-capable). BatchNorm3d has no
-            naive form and stays per-process with 'naive' (logged).
+        implementation: 'torch' (``nn.SyncBatchNorm``), 'mmcv' (``MMSyncBN``),
+            'naive' (mmdet3d's ``naiveSyncBN1d/2d``, gloo-capable; ranks weighted
+            equally) or 'allreduce' (:class:`AllReduceSyncBatchNorm`: exact statistics,
+            one all-reduce per layer, no host synchronisation, gloo-capable).
+            BatchNorm3d has no naive form and stays per-process with 'naive' (logged).
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, '
