@@ -4,4 +4,4 @@
 #
 #   bash tools/dist_train.sh configs/pv_rcnn/pv_rcnn_2xb2-80e_kitti-3d-3class.py 2
 _base_ = ['./pv_rcnn_80e_kitti-3d-3class.py']
-distributed = dict(sync_bn='torch')  # SyncBN over the 2 GPUs
+distributed = dict(sync_bn='allreduce')  # SyncBN over the 2 GPUs, no host sync per layer

@@ -4,4 +4,4 @@
 #
 #   bash tools/dist_train.sh configs/pv_rcnn/pv_rcnn_4xb2-80e_kitti-3d-3class.py 4
 _base_ = ['./pv_rcnn_80e_kitti-3d-3class.py']
-distributed = dict(sync_bn='torch')  # SyncBN over the 4 GPUs
+distributed = dict(sync_bn='allreduce')  # SyncBN over the 4 GPUs, no host sync per layer

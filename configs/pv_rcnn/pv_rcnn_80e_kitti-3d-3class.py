@@ -15,8 +15,10 @@ scaling = dict(total_batch_size=16, base_batch_size=16, lr_scaling='linear',
 # 8 x 6), which does not match this recipe's 8 x 2: corrected here. The scaling key above
 # owns the LR; enabling auto_scale_lr together with it is refused with an error.
 auto_scale_lr = dict(enable=False, base_batch_size=16)
-# SyncBN on multi-GPU runs (a single process keeps plain BN)
-distributed = dict(sync_bn='torch')
+# SyncBN on multi-GPU runs (a single process keeps plain BN). 'allreduce' is exact and,
+# unlike torch's SyncBatchNorm, does not make the CPU wait for the GPU in every BN layer,
+# which costs host-bound PV-RCNN a tenth of its 2-GPU throughput (docs/benchmarks.md).
+distributed = dict(sync_bn='allreduce')
 # Speed settings that do not change the recipe: TF32 for fp32 matrix products (mmcv's
 # sparse convolutions and the point / RoI heads run on mm; convolutions already use
 # TF32 by PyTorch's default) and cuDNN autotuning (the BEV backbone's shapes are fixed).

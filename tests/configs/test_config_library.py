@@ -101,7 +101,7 @@ def test_pv_rcnn_auto_scale_lr_base_matches_the_recipe():
 def test_sync_bn_on_multi_process_plain_bn_alone(monkeypatch):
     path = osp.join(CONFIGS, 'pv_rcnn/pv_rcnn_2xb2-80e_kitti-3d-3class.py')
     wrapper = _prepared(path, 2, monkeypatch).model_wrapper_cfg
-    assert wrapper.sync_bn == 'torch'
+    assert wrapper.sync_bn == 'allreduce'
     cfg = copy.deepcopy(_load(path))  # python tools/train.py: no launcher, no wrapper
     cfg.launcher = 'none'
     cfg.preflight = dict(check_data=False)
