@@ -5,11 +5,12 @@ For one config, on one device:
 
 1. builds the real Runner with ``AutoBatchSizeHook`` (cache off) and lets it search:
    ``search s`` and the per-GPU batch ``found`` (safety margin ``--margin``);
-2. trains ``--iters`` iterations (default 300) with the plan it chose, catching an
-   out-of-memory error: ``OOM in training`` and the peak memory of those iterations;
-3. separately, finds the largest batch that really fits on the same largest-sample
+2. right after, finds the largest batch that really fits on the same largest-sample
    batches with no margin (growing from ``found`` until OOM, then bisecting):
-   ``largest``; ``found / largest`` is the figure for the >= 90 % target.
+   ``largest``; ``found / largest`` is the figure for the >= 90 % target (printed at
+   once, so a run cut short still reports it);
+3. trains ``--iters`` iterations (default 300) with the plan it chose, catching an
+   out-of-memory error: ``OOM in training`` and the peak memory of those iterations.
 
 Prints a table and writes JSON (``--out``, default ``WORK_DIR/benchmark_auto_batch_size
 .json``). Targets (issue 3): found >= 0.9 x largest, search < 60 s, no OOM.
@@ -87,7 +88,9 @@ def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
 
 
 class TrainingWatch(Hook):
-    """Peak memory and time of the training iterations after the search."""
+    """After the search: the no-margin check (printed at once, so a run cut short still
+    reports the search and the ratio), then peak memory and time of the training
+    iterations."""
 
     priority = 'LOWEST'
 
@@ -97,8 +100,19 @@ class TrainingWatch(Hook):
         self.iters = 0
         self.start = self.seconds = None
         self.peak_bytes: Optional[int] = None
+        self.check: Optional[Dict[str, Any]] = None
 
     def before_train(self, runner) -> None:  # after the search (before_run)
+        search = next(h for h in runner.hooks if isinstance(h, AutoBatchSizeHook))
+        if search.result is not None:
+            found = search.result.batch_size
+            self.check = largest_fitting(self.args, runner, found)
+            print(f'[auto batch size] search {search.result.seconds:.1f} s -> per-GPU '
+                  f'batch {found}; largest that fits without margin '
+                  f'{self.check["largest"]}{" (cap)" if self.check["capped"] else ""} '
+                  f'({self.check["seconds"]:.1f} s); found / largest '
+                  f'{found / self.check["largest"]:.2f}; now training '
+                  f'{self.args.iters} iterations', flush=True)
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         if self.args.probe == 'modeled':
             self.probe = _modeled(self.args, model, runner.optim_wrapper)
@@ -196,7 +210,7 @@ def run(args) -> Dict[str, Any]:
         oom_at = runner.iter
     watch.finish()
     result, plan = search.result, search.plan
-    check = largest_fitting(args, runner, result.batch_size)
+    check = watch.check or largest_fitting(args, runner, result.batch_size)
     return dict(
         config=args.config, device=result.device_name, probe=args.probe,
         capacity_gib=result.capacity_bytes / 2**30, margin=result.margin,
