@@ -5,6 +5,9 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs, comm-off, SyncBN-off, stock
 #   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_syncbn  # 1 -> 2 GPUs with sync_bn='allreduce'
+# Knobs (env): COMM_RUN= (empty: also the comm-off run), WORKERS, *_TIMEOUT, BEV_ITERS,
+# BEV_WARMUP, BEV_EXTRA, AUTO_BATCH_WORKERS.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -39,7 +42,7 @@ pv_rcnn)
   # tuned config (per-GPU 8, TF32, cudnn autotune), 2 loader workers per rank (the
   # machine has few cores), 1 -> 2 GPUs, then stock mmdet3d on 1 GPU (batch 2 x acc 8)
   scaling pv_rcnn_b8 ${PV_RCNN_TIMEOUT:-330} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
-    --nproc 1,2 --iters 12 --warmup 3 ${COMM_RUN:---no-comm-run} \
+    --nproc 1,2 --iters 12 --warmup 3 ${COMM_RUN---no-comm-run} \
     --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
