@@ -49,45 +49,29 @@ def _already_synced_types() -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _naive_sparse_class() -> Type[nn.Module]:
-    """mmdet3d's all-reduce BatchNorm1d that also accepts a ``SparseConvTensor``."""
-    from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d
+def _sparse_class(implementation: str) -> Type[nn.Module]:
+    """The 'naive' / 'allreduce' BatchNorm1d that also accepts a ``SparseConvTensor``."""
     import spconv.pytorch as spconv
+    if implementation == 'naive':
+        from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d as base
+    else:
+        from .allreduce_sync_bn import AllReduceSyncBatchNorm as base
 
-    class SparseNaiveSyncBatchNorm1d(NaiveSyncBatchNorm1d):
+    def forward(self, input):
+        if isinstance(input, spconv.SparseConvTensor):
+            return input.replace_feature(base.forward(self, input.features))
+        return base.forward(self, input)
 
-        def forward(self, input):
-            if isinstance(input, spconv.SparseConvTensor):
-                return input.replace_feature(super().forward(input.features))
-            return super().forward(input)
-
-    return SparseNaiveSyncBatchNorm1d
-
-
-@functools.lru_cache(maxsize=None)
-def _allreduce_sparse_class() -> Type[nn.Module]:
-    """:class:`AllReduceSyncBatchNorm` that also accepts a ``SparseConvTensor``."""
-    import spconv.pytorch as spconv
-
-    from .allreduce_sync_bn import AllReduceSyncBatchNorm
-
-    class SparseAllReduceSyncBatchNorm(AllReduceSyncBatchNorm):
-
-        def forward(self, input):
-            if isinstance(input, spconv.SparseConvTensor):
-                return input.replace_feature(super().forward(input.features))
-            return super().forward(input)
-
-    return SparseAllReduceSyncBatchNorm
+    return type(f'Sparse{base.__name__}', (base, ), dict(forward=forward))
 
 
 def _target_class(bn: _BatchNorm, implementation: str) -> Optional[Type[nn.Module]]:
     """The synchronised class for one layer; None: no synchronised form exists."""
     sparse_bn, sparse_sync_bn = _spconv_classes()
     if sparse_bn is not None and isinstance(bn, sparse_bn):
-        return {'naive': _naive_sparse_class,
-                'allreduce': _allreduce_sparse_class}.get(implementation,
-                                                          lambda: sparse_sync_bn)()
+        if implementation in CPU_CAPABLE:
+            return _sparse_class(implementation)
+        return sparse_sync_bn
     if implementation == 'allreduce':
         from .allreduce_sync_bn import AllReduceSyncBatchNorm
         return AllReduceSyncBatchNorm
