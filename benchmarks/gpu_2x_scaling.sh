@@ -2,11 +2,11 @@
 # Two-H200 (nvidia-h200-x2) scaling measurements for docs/benchmarks.md, in stages that
 # each fit one device command (<= 10 min). Run from the checkout root after
 # `source .device/setup.sh`; results go to $OUT.
-#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs, comm-off, SyncBN-off, stock
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs + stock (SYNC_BN=torch: old)
 #   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
-#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_syncbn  # 1 -> 2 GPUs with sync_bn='allreduce'
-# Knobs (env): COMM_RUN= (empty: also the comm-off run), WORKERS, *_TIMEOUT, BEV_ITERS,
+# Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN,
+# WORKERS, *_TIMEOUT, BEV_ITERS,
 # BEV_WARMUP, BEV_EXTRA, AUTO_BATCH_WORKERS.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
@@ -39,19 +39,15 @@ scaling() {  # scaling OUTNAME TIMEOUT ARGS...
 case $STAGE in
 pv_rcnn)
   kitti
-  # tuned config (per-GPU 8, TF32, cudnn autotune), 2 loader workers per rank (the
-  # machine has few cores), 1 -> 2 GPUs, then stock mmdet3d on 1 GPU (batch 2 x acc 8)
+  # the PV-RCNN synthetic config as shipped (per-GPU 8, TF32, cudnn autotune, SyncBN
+  # 'allreduce'), 2 loader workers a rank, 1 -> 2 GPUs, then stock mmdet3d on 1 GPU.
+  # COMM_RUN= adds the comm-off runs, PROFILE_STEPS=3 the torch.profiler runs.
   scaling pv_rcnn_b8 ${PV_RCNN_TIMEOUT:-330} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc 1,2 --iters 12 --warmup 3 ${COMM_RUN---no-comm-run} \
+    --profile-steps ${PROFILE_STEPS:-0} \
     --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
-    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
-  ;;
-pv_rcnn_syncbn)  # 1 -> 2 GPUs with the host-sync-free SyncBN ('allreduce')
-  kitti
-  scaling pv_rcnn_b8_allreduce ${PV_RCNN_TIMEOUT:-200} \
-    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1,2 --iters 12 --warmup 3 \
-    --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
-    distributed.sync_bn=allreduce
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
+    distributed.sync_bn=${SYNC_BN:-allreduce}
   ;;
 bevfusion)
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \

@@ -17,6 +17,12 @@ trains ``--warmup`` + ``--iters`` optimizer steps and measures the last ``--iter
 Outputs under ``--out``: ``scaling.json`` (everything), ``scaling.md`` (a table like the
 ones users publish) and ``scaling.png`` (samples/s and efficiency against N).
 
+Profile mode (``--profile-steps K``): one more run per process count, K optimizer steps
+under ``torch.profiler`` (after the same warm-up), summarised per rank and iteration:
+host synchronisations (the CPU waiting for the GPU), time in collectives (NCCL kernels,
+gloo / c10d calls), GPU kernel time against wall time, and the top operators. A second
+table in ``scaling.md``; ``--profile-traces`` also writes a Chrome trace per rank.
+
 Comparison mode (``--compare-stock STOCK_CONFIG``): the same model through stock mmdet3d
 (its own config, the plugin not imported) against the plugin config, same dataset and
 pipeline (taken from the plugin config, ``--cfg-options`` applied) and the same effective
@@ -88,6 +94,7 @@ class BenchmarkTimerHook(Hook):
         self._iters = 0
         self._cuda = False
         self.peak_mb = 0.0  # raised by PeakMemoryHook (the logger resets CUDA's counter)
+        self.profile: Optional[Dict[str, Any]] = None  # set by ProfileHook
 
     def before_train(self, runner) -> None:
         import torch
@@ -146,6 +153,8 @@ class BenchmarkTimerHook(Hook):
             peak_mem_mb=(max(self.peak_mb, torch.cuda.max_memory_allocated() / 2**20)
                          if self._cuda else None),
         )
+        if self.profile is not None:
+            mine['profile'] = self.profile
         ranks = all_gather_object(mine)
         if get_rank() != 0:
             return
@@ -183,6 +192,54 @@ class PeakMemoryHook(Hook):
             import torch
             self.timer.peak_mb = max(self.timer.peak_mb,
                                      torch.cuda.max_memory_allocated() / 2**20)
+
+
+class ProfileHook(Hook):
+    """Runs ``torch.profiler`` over the measured window of a profiling run and hands the
+    per-iteration summary (:func:`mmdet3d_scaling.engine.profiling.summarize_profile`:
+    host synchronisations, collective time, top operators) to the timer.
+
+    Args:
+        timer: the run's :class:`BenchmarkTimerHook` (knows the window).
+        trace_dir: where each rank writes a Chrome trace; None: no trace.
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self, timer: BenchmarkTimerHook, trace_dir: Optional[str] = None) -> None:
+        self.timer = timer
+        self.trace_dir = trace_dir
+        self._prof: Any = None
+        self._t0 = 0.0
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        if runner.iter != self.timer._measure_from:
+            return
+        from torch.profiler import ProfilerActivity, profile
+        activities = [ProfilerActivity.CPU]
+        if self.timer._cuda:
+            activities.append(ProfilerActivity.CUDA)
+        self._prof = profile(activities=activities)
+        self._prof.start()
+        self._t0 = time.perf_counter()
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
+                         outputs: Any = None) -> None:
+        if self._prof is None or runner.iter + 1 != runner.train_loop.max_iters:
+            return
+        if self.timer._cuda:
+            torch.cuda.synchronize()
+        wall = time.perf_counter() - self._t0
+        self._prof.stop()
+        from mmdet3d_scaling.engine.profiling import summarize_profile
+        iters = runner.iter + 1 - self.timer._measure_from
+        self.timer.profile = summarize_profile(self._prof, iters, wall)
+        if self.trace_dir:
+            from mmengine.dist import get_rank
+            os.makedirs(self.trace_dir, exist_ok=True)
+            self._prof.export_chrome_trace(
+                os.path.join(self.trace_dir, f'trace_rank{get_rank()}.json'))
+        self._prof = None
 
 
 def _noop_allreduce(state: object,
@@ -290,6 +347,8 @@ def run_worker(spec_path: str) -> None:
     timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'])
     runner.register_hook(timer, priority='LOWEST')
     runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
+    if spec.get('profile'):
+        runner.register_hook(ProfileHook(timer, spec.get('trace_dir')), priority='VERY_LOW')
     runner.train()
     from mmdet3d_scaling.engine.launcher import shutdown_distributed
     shutdown_distributed()
@@ -498,6 +557,8 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
             row['comm_share'] = row['comm_step_s'] / row['step_s']
         elif row['world_size'] == 1:
             row['comm_step_s'] = 0.0
+        if args.profile_steps:
+            row['profile'] = _profile_run(base, label, n, args)
         rows.append(row)
     if args.node_rank != 0:
         return {}
@@ -520,6 +581,45 @@ def stock_accumulation(total_batch: int, stock_batch: int, nproc: int) -> int:
             f'multiple of the stock config\'s per-GPU batch {stock_batch} x {nproc} GPU(s); '
             'pick a --compare-nproc or a plugin total_batch_size that it divides.')
     return total_batch // (stock_batch * nproc)
+
+
+def _profile_run(base: Dict[str, Any], label: str, n: int,
+                 args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """A separate run of ``--profile-steps`` steps under torch.profiler (profiling slows
+    training, so its time is not used for the table); per-rank summaries."""
+    work = os.path.join(args.out, f'{label}_n{n}_profile')
+    spec = dict(base, label=label, comm='on', work_dir=work, iters=args.profile_steps,
+                result=os.path.join(work, 'result.json'), profile=True,
+                trace_dir=os.path.join(work, 'traces') if args.profile_traces else None)
+    raw = _launch(spec, n, args)
+    return [dict(r['profile'], rank=r['rank']) for r in raw.get('ranks', [])
+            if 'profile' in r]
+
+
+def profile_table(result: Dict[str, Any]) -> str:
+    """Per-iteration profile figures of the rows that have them (worst rank)."""
+    rows = [r for r in result['rows'] if r.get('profile')]
+    if not rows:
+        return ''
+    head = ('| config | GPUs | wall ms / iter | GPU kernel ms / iter | collective kernels '
+            'ms / iter | collective CPU ms / iter | host syncs / iter |')
+    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    for row in rows:
+        prof = row['profile']
+
+        def worst(key: str) -> float:
+            return max(p[key] for p in prof)
+        lines.append(
+            f"| {row['label']} | {row['world_size']} | {worst('wall_ms_per_iter'):.1f} "
+            f"| {worst('device_kernel_ms_per_iter'):.1f} "
+            f"| {worst('comm_kernel_ms_per_iter'):.1f} "
+            f"| {worst('comm_cpu_ms_per_iter'):.1f} "
+            f"| {worst('host_syncs_per_iter'):.1f} |")
+    lines.append('')
+    lines.append('Profiled runs (torch.profiler, slower than the timed runs above); worst '
+                 'rank per column; iteration = one micro-batch. Top operators per rank: '
+                 'scaling.json, rows[].profile.')
+    return '\n'.join(lines)
 
 
 def _compare(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -568,6 +668,9 @@ def _write_outputs(result: Dict[str, Any], out: str) -> None:
     with open(os.path.join(out, 'scaling.json'), 'w') as f:
         json.dump(result, f, indent=1)
     table = markdown_table(result)
+    profiles = profile_table(result)
+    if profiles:
+        table += '\n\n' + profiles
     with open(os.path.join(out, 'scaling.md'), 'w') as f:
         f.write(f"Command: `{result['command']}`\n\n{table}\n")
     plot(result, os.path.join(out, 'scaling.png'))
@@ -594,6 +697,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--epoch-samples', type=int, default=None,
                    help='samples an epoch for time/epoch (default: the train dataset '
                         'length; 3712 x 2 for KITTI train with RepeatDataset x2)')
+    p.add_argument('--profile-steps', type=int, default=0,
+                   help='also run this many optimizer steps per GPU count under '
+                   'torch.profiler: host syncs, collective time, top operators (0: off)')
+    p.add_argument('--profile-traces', action='store_true',
+                   help='with --profile-steps: write a Chrome trace per rank')
     p.add_argument('--compare-stock', default=None,
                    help="stock mmdet3d config ('mmdet3d::pv_rcnn/...py' or a path) run "
                         'without the plugin on the same data and effective batch')
@@ -607,9 +715,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--master-port', type=int, default=None)
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
     args = p.parse_args(argv)
-    for name in ('iters', 'warmup'):
-        if getattr(args, name) < (1 if name == 'iters' else 0):
-            p.error(f'--{name} must be >= {1 if name == "iters" else 0}, '
+    for name, least in (('iters', 1), ('warmup', 0), ('profile_steps', 0)):
+        if getattr(args, name) < least:
+            p.error(f'--{name.replace("_", "-")} must be >= {least}, '
                     f'got {getattr(args, name)}')
     if args.nnodes > 1 and args.master_port is None:
         p.error('--nnodes > 1 needs --master-port (the same on every node)')

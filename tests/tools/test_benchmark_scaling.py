@@ -73,7 +73,7 @@ def data_root(tmp_path_factory) -> str:
 @pytest.fixture(scope='module')
 def bench(tmp_path_factory, data_root):
     out = tmp_path_factory.mktemp('bench_out')
-    proc = run_tool(out, data_root, '--nproc', '1,2')
+    proc = run_tool(out, data_root, '--nproc', '1,2', '--profile-steps', '1')
     return out, proc
 
 
@@ -95,7 +95,8 @@ def test_outputs_written(bench):
     assert (out / 'scaling.png').read_bytes()[:8] == PNG_MAGIC
     table = (out / 'scaling.md').read_text()
     assert table.startswith('Command: `') and '| config | GPUs |' in table
-    rows = [line for line in table.splitlines() if line.startswith(f'| {LABEL} |')]
+    main_table = table.split('| host syncs / iter |')[0]  # before the profile table
+    rows = [line for line in main_table.splitlines() if line.startswith(f'| {LABEL} |')]
     assert [row.split('|')[2].strip() for row in rows] == ['1', '2']
     assert '2 x 1 x 2 = 4' in rows[0] and '2 x 2 x 1 = 4' in rows[1]  # same batch
     assert 'wrote' in proc.stdout
@@ -143,6 +144,28 @@ def test_comm_time_from_the_comm_off_run(bench):
     assert rows[2]['comm_share'] == pytest.approx(rows[2]['comm_step_s'] / rows[2]['step_s'])
     assert rows[1]['comm_step_s'] == 0.0  # one process communicates nothing
     assert not (out / f'{LABEL}_n1_comm-off').exists()  # no comm-off run for 1 process
+
+
+def test_profile_runs_find_the_collectives(bench):
+    """--profile-steps: a separate profiled run per N; per-rank summaries in the rows and
+    a second table. Over gloo the all-reduces show up as CPU-side collective time."""
+    out, _ = bench
+    rows = {r['world_size']: r for r in json.loads((out / 'scaling.json').read_text())['rows']}
+    for n in (1, 2):
+        prof = rows[n]['profile']
+        assert [p['rank'] for p in prof] == list(range(n))
+        for p in prof:
+            assert p['iterations'] == rows[n]['accumulation']  # 1 step of micro-batches
+            assert p['wall_ms_per_iter'] > 0
+            assert p['host_syncs_per_iter'] == 0  # no CUDA here
+            assert p['top_cpu'] and p['top_cpu'][0]['ms_per_iter'] > 0
+    assert all(p['comm_cpu_ms_per_iter'] > 0 for p in rows[2]['profile'])
+    assert rows[1]['profile'][0]['comm_cpu_ms_per_iter'] == 0  # one process: nothing
+    assert (out / f'{LABEL}_n2_profile' / 'result.json').exists()
+    table = (out / 'scaling.md').read_text()
+    assert '| host syncs / iter |' in table
+    assert len([line for line in table.splitlines()
+                if line.startswith(f'| {LABEL} |')]) == 4  # 2 timed + 2 profiled rows
 
 
 def test_merge_arithmetic_on_given_records(tmp_path):
