@@ -37,7 +37,8 @@ def _spconv_classes():
 
 
 def _already_synced_types() -> tuple:
-    types = [nn.SyncBatchNorm]
+    from .allreduce_sync_bn import AllReduceSyncBatchNorm
+    types = [nn.SyncBatchNorm, AllReduceSyncBatchNorm]
     from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d, NaiveSyncBatchNorm2d
     types += [NaiveSyncBatchNorm1d, NaiveSyncBatchNorm2d]
     try:

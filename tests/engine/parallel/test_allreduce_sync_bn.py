@@ -111,5 +111,11 @@ def test_single_process_and_eval_are_plain_batchnorm():
     assert torch.allclose(sync.eval()(x), ref.eval()(x), atol=TOL)
 
 
+def test_converting_again_keeps_the_layer():
+    once = convert_sync_bn(nn.Sequential(nn.BatchNorm2d(3)), 'allreduce')
+    layer = once[0]
+    assert convert_sync_bn(once, 'torch')[0] is layer  # already synchronised: kept
+
+
 def test_allreduce_trains_without_cuda():
     assert resolve_implementation('allreduce', cuda=False) == 'allreduce'
