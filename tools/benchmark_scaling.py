@@ -45,6 +45,7 @@ Examples::
 """
 import argparse
 import copy
+import gc
 import json
 import math
 import os
@@ -350,6 +351,10 @@ def run_worker(spec_path: str) -> None:
     if spec.get('profile'):
         runner.register_hook(ProfileHook(timer, spec.get('trace_dir')), priority='VERY_LOW')
     runner.train()
+    # Free the DDP wrapper (its reducer holds the process group) before destroying the
+    # group, so that no gloo thread is torn down by the interpreter's exit handlers.
+    del runner, timer
+    gc.collect()
     from mmdet3d_scaling.engine.launcher import shutdown_distributed
     shutdown_distributed()
 
@@ -385,18 +390,40 @@ def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[
     log_path = os.path.join(spec['work_dir'], 'run.log')
     print(f'[benchmark_scaling] {spec["label"]}: {nproc} process(es) x {args.nnodes} '
           f'node(s), comm {spec["comm"]} ... (log: {log_path})', flush=True)
+    if os.path.exists(spec['result']):
+        os.remove(spec['result'])  # a stale result must not pass for this run's
     with open(log_path, 'w') as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                               timeout=args.timeout)
+    result = _read_result(spec['result'], nproc * args.nnodes)
     if proc.returncode != 0:
         with open(log_path) as f:
             tail = f.read()[-4000:]
-        raise RuntimeError(f'benchmark run failed (exit {proc.returncode}): '
-                           f'{" ".join(cmd)}\n--- last lines of {log_path} ---\n{tail}')
+        if result is None:
+            raise RuntimeError(f'benchmark run failed (exit {proc.returncode}): '
+                               f'{" ".join(cmd)}\n--- last lines of {log_path} ---\n'
+                               f'{tail}')
+        # Training finished and every rank reported; a process died while exiting.
+        print(f'[benchmark_scaling] WARNING: {spec["label"]} ({nproc} process(es)) '
+              f'exited with code {proc.returncode} after all ranks had written their '
+              f'figures; they are used, the exit is recorded as exit_code (log: '
+              f'{log_path}).', flush=True)
+        result['exit_code'] = proc.returncode
     if args.node_rank != 0:
         return {}
-    with open(spec['result']) as f:
-        return json.load(f)
+    if result is None:
+        raise RuntimeError(f'benchmark run wrote no complete result: {spec["result"]} '
+                           f'(log: {log_path})')
+    return result
+
+
+def _read_result(path: str, world_size: int) -> Optional[Dict[str, Any]]:
+    """Rank 0's result JSON if it exists and holds every rank's figures."""
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        result = json.load(f)
+    return result if len(result.get('ranks', [])) == world_size else None
 
 
 def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, Any]:
@@ -430,6 +457,7 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
                     peak_mem_mb_max=max(mems) if mems else None),
         gpu_monitor=raw.get('gpu_monitor', {}),
         device=raw['device'],
+        exit_code=raw.get('exit_code', 0),  # non-zero: died while exiting (warned)
     )
 
 

@@ -190,6 +190,17 @@ def test_merge_arithmetic_on_given_records(tmp_path):
     assert f"| {two['efficiency']:.2f} |" in (tmp_path / 'scaling.md').read_text()
 
 
+def test_a_result_counts_only_with_every_rank(tmp_path):
+    """A run that died while exiting still counts if all ranks wrote their figures."""
+    tool = _load_tool()
+    path = tmp_path / 'result.json'
+    assert tool._read_result(str(path), 2) is None  # nothing written
+    path.write_text(json.dumps(dict(ranks=[dict(rank=0)])))
+    assert tool._read_result(str(path), 2) is None  # one of two ranks
+    path.write_text(json.dumps(dict(ranks=[dict(rank=0), dict(rank=1)])))
+    assert tool._read_result(str(path), 2)['ranks'][1]['rank'] == 1
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     tool = _load_tool()
     with pytest.raises(SystemExit):
