@@ -41,9 +41,9 @@ class ScalingDistributedDataParallel(MMDistributedDataParallel):
             forward/backward on the first batch of ``probe_dataloader`` before wrapping,
             log the names of parameters without gradient (union over ranks) and turn the
             option on only if there are any. Defaults to False.
-        sync_bn: None, 'torch', 'mmcv', 'naive' or 'allreduce': convert BatchNorm layers (sparse
-            encoders included) before wrapping; without CUDA 'torch'/'mmcv' fall back
-            to 'naive'. Defaults to None.
+        sync_bn: None, 'torch', 'mmcv', 'naive' or 'allreduce': convert BatchNorm
+            layers (sparse encoders included) before wrapping; without CUDA
+            'torch'/'mmcv' fall back to 'naive'. Defaults to None.
         comm_compression: None, 'fp16' or 'bf16': all-reduce gradients in half
             precision (torch's ``fp16_compress_hook`` / ``bf16_compress_hook``; bf16
             needs NCCL >= 2.9.6). Defaults to None.
