@@ -210,7 +210,7 @@ def run(args) -> Dict[str, Any]:
         oom_at = runner.iter
     watch.finish()
     result, plan = search.result, search.plan
-    check = watch.check or largest_fitting(args, runner, result.batch_size)
+    check = watch.check  # taken right after the search (TrainingWatch.before_train)
     return dict(
         config=args.config, device=result.device_name, probe=args.probe,
         capacity_gib=result.capacity_bytes / 2**30, margin=result.margin,

@@ -45,7 +45,6 @@ Examples::
 """
 import argparse
 import copy
-import gc
 import json
 import math
 import os
@@ -190,7 +189,6 @@ class PeakMemoryHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
                          outputs: Any = None) -> None:
         if self.timer._cuda and runner.iter >= self.timer._measure_from:
-            import torch
             self.timer.peak_mb = max(self.timer.peak_mb,
                                      torch.cuda.max_memory_allocated() / 2**20)
 
@@ -351,12 +349,8 @@ def run_worker(spec_path: str) -> None:
     if spec.get('profile'):
         runner.register_hook(ProfileHook(timer, spec.get('trace_dir')), priority='VERY_LOW')
     runner.train()
-    # Free the DDP wrapper (its reducer holds the process group) before destroying the
-    # group, so that no gloo thread is torn down by the interpreter's exit handlers.
-    del runner, timer
-    gc.collect()
     from mmdet3d_scaling.engine.launcher import shutdown_distributed
-    shutdown_distributed()
+    shutdown_distributed(runner)  # drops the DDP wrapper before the process group
 
 
 # ------------------------------------------------------------------ orchestrator side

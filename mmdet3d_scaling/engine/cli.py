@@ -7,7 +7,6 @@ The same flags as mmdet3d 1.4's tools (so scripts written for them keep working)
 - ``--seed`` / ``--deterministic`` (train): ``randomness`` settings, seeded per rank.
 """
 import argparse
-import gc
 import logging
 import os
 import os.path as osp
@@ -15,7 +14,6 @@ from typing import List, Optional
 
 from mmengine.config import Config, ConfigDict, DictAction
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
@@ -133,20 +131,8 @@ def train_main(argv: Optional[List[str]] = None) -> Runner:
         cfg.resume, cfg.load_from = True, args.resume
     runner = _build_runner(cfg)
     runner.train()
-    _release_ddp_wrapper(runner)
-    shutdown_distributed()
+    shutdown_distributed(runner)
     return runner
-
-
-def _release_ddp_wrapper(runner: Runner) -> None:
-    """Keep the trained module, drop the DDP wrapper before the process group goes.
-
-    The wrapper's reducer holds the group; freed later by the interpreter's exit
-    handlers, a gloo group can abort the process after a finished run.
-    """
-    if is_model_wrapper(runner.model):
-        runner.model = runner.model.module
-        gc.collect()
 
 
 def _trigger_visualization(cfg: Config, args: argparse.Namespace) -> None:

@@ -1,6 +1,6 @@
 """Which job launcher started this process: torchrun, Slurm, MPI, or none."""
 import os
-from typing import Mapping, Optional
+from typing import Any, Mapping, Optional
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 CHOICES = LAUNCHERS + ('auto',)
@@ -47,13 +47,21 @@ def world_size(launcher: str, environ: Optional[Mapping[str, str]] = None) -> in
     return 1
 
 
-def shutdown_distributed() -> None:
+def shutdown_distributed(runner: Optional[Any] = None) -> None:
     """Destroy the process group explicitly at the end of a run.
 
     A gloo group left to the interpreter's exit handlers can abort a rank ("terminate
     called without an active exception") after the run finished, failing the launch.
+    The DDP wrapper's reducer holds the group too, so ``runner`` (when given) keeps its
+    trained module and drops the wrapper first.
     """
+    import gc
+
     import torch.distributed as dist
+    from mmengine.model import is_model_wrapper
+    if runner is not None and is_model_wrapper(runner.model):
+        runner.model = runner.model.module
+        gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()

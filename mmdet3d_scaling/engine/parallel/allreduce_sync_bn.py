@@ -17,7 +17,6 @@ from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 
@@ -41,7 +40,7 @@ class _SyncBatchNormFunction(torch.autograd.Function):
                 bias: Optional[torch.Tensor], eps: float) -> torch.Tensor:
         dims = [0] + list(range(2, x.dim()))
         xf = x.float()  # statistics in fp32, also under AMP
-        count = xf.new_full((1,), xf.numel() // max(xf.shape[1], 1))
+        count = xf.new_full((1,), xf.numel() // xf.shape[1])
         stats = torch.cat([xf.sum(dims), xf.square().sum(dims), count])
         dist.all_reduce(stats)
         channels = x.shape[1]
@@ -95,16 +94,13 @@ class AllReduceSyncBatchNorm(_BatchNorm):
         synced = (self.training and dist.is_available() and dist.is_initialized()
                   and dist.get_world_size() > 1)
         if not synced:
-            return self._local(input)
+            return super().forward(input)
         out, mean, var, total = _SyncBatchNormFunction.apply(
             input, self.weight if self.affine else None,
             self.bias if self.affine else None, self.eps)
         if self.track_running_stats and self.running_mean is not None:
             self._update_running_stats(mean, var, total)
         return out
-
-    def _local(self, input: torch.Tensor) -> torch.Tensor:
-        return super().forward(input)
 
     @torch.no_grad()
     def _update_running_stats(self, mean: torch.Tensor, var: torch.Tensor,

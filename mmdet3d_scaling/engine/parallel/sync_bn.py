@@ -23,6 +23,8 @@ from mmengine.logging import print_log
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from .allreduce_sync_bn import AllReduceSyncBatchNorm
+
 IMPLEMENTATIONS = ('torch', 'mmcv', 'naive', 'allreduce')
 # Implementations that train without CUDA (over gloo).
 CPU_CAPABLE = ('naive', 'allreduce')
@@ -37,7 +39,6 @@ def _spconv_classes():
 
 
 def _already_synced_types() -> tuple:
-    from .allreduce_sync_bn import AllReduceSyncBatchNorm
     types = [nn.SyncBatchNorm, AllReduceSyncBatchNorm]
     from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d, NaiveSyncBatchNorm2d
     types += [NaiveSyncBatchNorm1d, NaiveSyncBatchNorm2d]
@@ -56,7 +57,7 @@ def _sparse_class(implementation: str) -> Type[nn.Module]:
     if implementation == 'naive':
         from mmdet3d.models.layers.norm import NaiveSyncBatchNorm1d as base
     else:
-        from .allreduce_sync_bn import AllReduceSyncBatchNorm as base
+        base = AllReduceSyncBatchNorm
 
     def forward(self, input):
         if isinstance(input, spconv.SparseConvTensor):
@@ -74,7 +75,6 @@ def _target_class(bn: _BatchNorm, implementation: str) -> Optional[Type[nn.Modul
             return _sparse_class(implementation)
         return sparse_sync_bn
     if implementation == 'allreduce':
-        from .allreduce_sync_bn import AllReduceSyncBatchNorm
         return AllReduceSyncBatchNorm
     if implementation == 'torch':
         return nn.SyncBatchNorm
