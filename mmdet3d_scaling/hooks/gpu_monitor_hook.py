@@ -398,7 +398,7 @@ class GPUMonitorHook(Hook):
             worst_wait = spread.get('data_wait_share_max', worst_wait)
         for key, value in values.items():
             runner.message_hub.update_scalar(PREFIX + key, value)
-        self._warn_if_starved(values, worst_wait)
+        self._warn_if_starved(values, worst_wait, runner.iter + 1)
         self._reports += 1
         self._reset_window(now)
 
@@ -424,20 +424,23 @@ class GPUMonitorHook(Hook):
                 spread['data_wait_share_max_rank'] = float(int(column.argmax()))
         return spread
 
-    def _warn_if_starved(self, values: Dict[str, float], share: Optional[float]) -> None:
+    def _warn_if_starved(self, values: Dict[str, float], share: Optional[float],
+                         iteration: int) -> None:
         if share is None or share <= self.starvation_threshold:
             return
         if (self._last_warning is not None
                 and self._reports - self._last_warning < self.starvation_warn_every):
             return
         self._last_warning = self._reports
+        # The iteration makes every warning's text unique: mmengine 0.10's MMLogger
+        # (FilterDuplicateWarning) drops a WARNING whose text it has logged before.
         where = ''
         if 'data_wait_share_max_rank' in values:
             where = f' (worst: rank {int(values["data_wait_share_max_rank"])})'
         print_log(
             f'GPUMonitorHook: the data loader starves training: {share:.0%} of iteration '
-            f'time was spent waiting for data over the last {self._iters} iterations'
-            f'{where}, above starvation_threshold={self.starvation_threshold}. Raise '
+            f'time was spent waiting for data over the {self._iters} iterations up to '
+            f'iteration {iteration}{where}, above starvation_threshold={self.starvation_threshold}. Raise '
             f'train_dataloader.num_workers, set persistent_workers=True / pin_memory=True, '
             f'or move the data to faster storage. (Repeated at most every '
             f'{self.starvation_warn_every} reports.)',
