@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs + stock (SYNC_BN=torch: old)
 #   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # why 2 GPUs are not 2x: variants
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN,
 # WORKERS, *_TIMEOUT, BEV_ITERS,
 # BEV_WARMUP, BEV_EXTRA, AUTO_BATCH_WORKERS.
@@ -25,16 +26,19 @@ kitti() {
 scaling() {  # scaling OUTNAME TIMEOUT ARGS...
   local name=$1 limit=$2; shift 2
   echo "== $name: python tools/benchmark_scaling.py $*"
-  timeout "$limit" python tools/benchmark_scaling.py "$@" --out "$OUT/$name" 2>&1 | tail -12
+  timeout "$limit" python tools/benchmark_scaling.py "$@" --out "$RES/$name" 2>&1 | tail -12
   echo "== $name exit ${PIPESTATUS[0]}"
-  # keep what comes back flat and small: results + the tail of each run's log
-  for run in "$OUT/$name"/*/; do
-    [ -f "$run/result.json" ] && cp "$run/result.json" "$OUT/${name}__$(basename "$run").json"
+  # keep what comes back small: results + the tail of each run's log, packed into one
+  # file after every call (the device returns at most 8 files)
+  for run in "$RES/$name"/*/; do
+    [ -f "$run/result.json" ] && cp "$run/result.json" "$RES/${name}__$(basename "$run").json"
     [ -f "$run/run.log" ] && grep -E "Iter\(train\)|Error|error:|Scaling plan|per-GPU" \
-      "$run/run.log" | tail -20 > "$OUT/${name}__$(basename "$run").log"
+      "$run/run.log" | tail -20 > "$RES/${name}__$(basename "$run").log"
     rm -rf "$run"
   done
+  tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
 }
+RES=$(mktemp -d)  # everything the stages write; packed into $OUT/results.tgz
 
 case $STAGE in
 pv_rcnn)
@@ -48,6 +52,27 @@ pv_rcnn)
     --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
     distributed.sync_bn=${SYNC_BN:-allreduce}
+  ;;
+pv_rcnn_diag)
+  kitti
+  # What separates PV-RCNN's 2-GPU rate from twice the 1-GPU rate, one variant each:
+  # as shipped; with GarbageCollectionHook (start-up heap frozen, collections aligned
+  # across ranks) + profiler runs; two independent 1-GPU runs at once (no communication,
+  # no lockstep: what sharing the host costs); 2 GPUs without SyncBN.
+  cfg=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py
+  gc_cfg=$(mktemp -d)/pv_rcnn_synthetic_kitti_gc.py
+  printf "_base_ = ['%s']\ncustom_hooks = [dict(type='GPUMonitorHook'), dict(type='GarbageCollectionHook', collect_interval=%s)]\n" \
+    "$PWD/$cfg" "${GC_INTERVAL:-10}" > "$gc_cfg"
+  common=(--iters ${DIAG_ITERS:-20} --warmup 3 --no-comm-run)
+  opts=(--cfg-options train_dataloader.num_workers=${WORKERS:-2})
+  scaling diag_shipped 240 $cfg --nproc 1,2 "${common[@]}" "${opts[@]}"
+  scaling diag_gc 300 "$gc_cfg" --nproc 1,2 "${common[@]}" --profile-steps 3 "${opts[@]}"
+  for gpu in 0 1; do
+    CUDA_VISIBLE_DEVICES=$gpu scaling diag_solo$gpu 150 $cfg --nproc 1 "${common[@]}" \
+      "${opts[@]}" > "$RES/diag_solo$gpu.txt" &
+  done
+  wait; cat "$RES"/diag_solo?.txt; tar czf "$OUT/results.tgz" -C "$RES" .
+  scaling diag_nosyncbn 120 $cfg --nproc 2 "${common[@]}" "${opts[@]}" distributed.sync_bn=None
   ;;
 bevfusion)
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \

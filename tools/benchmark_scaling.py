@@ -90,6 +90,7 @@ class BenchmarkTimerHook(Hook):
         self._t_end: Optional[float] = None
         self._prev_end: Optional[float] = None
         self._wait_s = 0.0
+        self._step_ends: List[float] = []  # host clock at each measured step's end
         self._samples = 0
         self._iters = 0
         self._cuda = False
@@ -123,6 +124,7 @@ class BenchmarkTimerHook(Hook):
         it = runner.iter
         if it == self._measure_from:
             self._t_start = self._now()
+            self._step_ends = [self._t_start]
             self._prev_end = None
             if self._cuda:
                 import torch
@@ -140,6 +142,10 @@ class BenchmarkTimerHook(Hook):
         if it + 1 == runner.train_loop.max_iters:
             self._t_end = self._now()
         self._prev_end = time.perf_counter()
+        if (it + 1) % self.accumulation == 0:
+            # host time; the loss is read back (.item()) every iteration, so it follows
+            # the GPU closely enough for the spread of step times
+            self._step_ends.append(self._t_end or self._prev_end)
 
     def after_train(self, runner) -> None:
         import torch
@@ -150,6 +156,8 @@ class BenchmarkTimerHook(Hook):
             iters=self._iters,
             samples=self._samples,
             data_wait_s=self._wait_s,
+            step_seconds=[round(b - a, 5) for a, b in zip(self._step_ends,
+                                                          self._step_ends[1:])],
             peak_mem_mb=(max(self.peak_mb, torch.cuda.max_memory_allocated() / 2**20)
                          if self._cuda else None),
         )
@@ -432,6 +440,7 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
     waits = [r['data_wait_s'] / r['seconds'] for r in ranks]
     mems = [r['peak_mem_mb'] for r in ranks if r['peak_mem_mb'] is not None]
     n_epoch = epoch_samples or raw['dataset_len']
+    steps_s = ranks[0].get('step_seconds') or []  # ranks in lockstep: rank 0's will do
     return dict(
         world_size=raw['world_size'],
         per_gpu_batch=raw['per_gpu_batch'],
@@ -449,10 +458,21 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
                     data_wait_share_min=min(waits), data_wait_share_max=max(waits),
                     peak_mem_mb_min=min(mems) if mems else None,
                     peak_mem_mb_max=max(mems) if mems else None),
+        step_s_quantiles=_quantiles(steps_s),
         gpu_monitor=raw.get('gpu_monitor', {}),
         device=raw['device'],
         exit_code=raw.get('exit_code', 0),  # non-zero: died while exiting (warned)
     )
+
+
+def _quantiles(values: List[float]) -> Optional[Dict[str, float]]:
+    """Median, 90th percentile and maximum of step times (jitter: p90 / median)."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    last = len(ordered) - 1
+    return dict(p50=ordered[round(0.5 * last)], p90=ordered[round(0.9 * last)],
+                max=ordered[-1])
 
 
 def add_scaling(rows: List[Dict[str, Any]]) -> None:
@@ -469,6 +489,10 @@ def _fmt(value: Optional[float], pattern: str) -> str:
         else pattern.format(value)
 
 
+def _step_quantiles(q: Optional[Dict[str, float]]) -> str:
+    return '-' if not q else f"{q['p50']:.3f} / {q['p90']:.3f} s"
+
+
 def _duration(seconds: float) -> str:
     if seconds >= 3600:
         return f'{seconds / 3600:.2f} h'
@@ -478,7 +502,8 @@ def _duration(seconds: float) -> str:
 
 
 def markdown_table(result: Dict[str, Any]) -> str:
-    head = ('| config | GPUs | batch (GPU x N x acc) | time/step | time/epoch | samples/s '
+    head = ('| config | GPUs | batch (GPU x N x acc) | time/step | step p50 / p90 '
+            '| time/epoch | samples/s '
             '| speedup | efficiency | data wait | memory/GPU (MiB) | samples/s per rank '
             '(min-max) | comm/step (exposed) | measured on |')
     lines = [head, '|' + '---|' * (head.count('|') - 1)]
@@ -487,7 +512,8 @@ def markdown_table(result: Dict[str, Any]) -> str:
         lines.append(
             f"| {row['label']} | {row['world_size']} | {row['per_gpu_batch']} x "
             f"{row['world_size']} x {row['accumulation']} = {row['total_batch']} "
-            f"| {row['step_s']:.3f} s | {_duration(row['epoch_s'])} "
+            f"| {row['step_s']:.3f} s | {_step_quantiles(row.get('step_s_quantiles'))} "
+            f"| {_duration(row['epoch_s'])} "
             f"| {row['samples_per_s']:.2f} | {_fmt(row.get('speedup'), '{:.2f}x')} "
             f"| {_fmt(row.get('efficiency'), '{:.2f}')} | {row['data_wait_share']:.1%} "
             f"| {_fmt(row['peak_mem_mb'], '{:.0f}')} "
@@ -495,7 +521,8 @@ def markdown_table(result: Dict[str, Any]) -> str:
             f"| {_fmt(row.get('comm_step_s'), '{:.3f} s')} | {row['device']} |")
     lines.append('')
     lines.append(f"time/epoch: {result['rows'][0]['epoch_samples']} samples an epoch; "
-                 'time/step: one optimizer step of the effective batch; comm: step time '
+                 'time/step: one optimizer step of the effective batch (mean; p50 / p90: '
+                 'median and 90th percentile of single steps, rank 0); comm: step time '
                  'minus the step time of a run with DDP all-reduce replaced by a no-op.')
     return '\n'.join(lines)
 
