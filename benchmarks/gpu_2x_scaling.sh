@@ -74,6 +74,22 @@ pv_rcnn_diag)
   wait; cat "$RES"/diag_solo?.txt; tar czf "$OUT/results.tgz" -C "$RES" .
   scaling diag_nosyncbn 120 $cfg --nproc 2 "${common[@]}" "${opts[@]}" distributed.sync_bn=None
   ;;
+recheck)
+  kitti
+  # PV-RCNN as shipped, 1 -> 2 GPUs, 30 warm-up iterations in every process (the
+  # diag stage's runs still sped up after 3 warm-up steps), then the auto batch size
+  # targets (the probe measures allocated memory since 6ffea0e).
+  scaling pv_rcnn_warm ${PV_RCNN_TIMEOUT:-230} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --nproc 1,2 --iters ${ITERS:-20} --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} \
+    --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  CUDA_VISIBLE_DEVICES=0 timeout ${AUTO_BATCH_TIMEOUT:-330} python \
+    tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
+    --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
+    --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
+    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 | tail -14 | tee "$OUT/auto_batch_size.txt"
+  CUDA_VISIBLE_DEVICES=0 timeout 60 python -m pytest -q -p no:cacheprovider \
+    tests/engine/test_memory_probe.py 2>&1 | tail -1 | tee -a "$OUT/auto_batch_size.txt"
+  ;;
 bevfusion)
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
     nuscenes --out data/nuscenes --train-frames 32 --val-frames 4 --workers 16 \

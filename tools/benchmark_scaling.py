@@ -72,6 +72,9 @@ class BenchmarkTimerHook(Hook):
 
     Args:
         warmup_steps: optimizer steps excluded from the measurement.
+        warmup_iters: at least this many loop iterations (micro-batches) of this process
+            are excluded too, so that runs with different accumulation warm up alike
+            (caching allocator, cuDNN autotuning, clocks). Defaults to 0.
         steps: optimizer steps measured.
         comm: 'on' (normal DDP), or 'off' (DDP all-reduce replaced by a no-op hook).
         result_path: JSON file rank 0 writes the gathered figures to.
@@ -79,8 +82,10 @@ class BenchmarkTimerHook(Hook):
 
     priority = 'LOWEST'  # after_train_iter last: logging/checkpointing count as step time
 
-    def __init__(self, warmup_steps: int, steps: int, comm: str, result_path: str) -> None:
+    def __init__(self, warmup_steps: int, steps: int, comm: str, result_path: str,
+                 warmup_iters: int = 0) -> None:
         self.warmup_steps = warmup_steps
+        self.warmup_iters = warmup_iters
         self.steps = steps
         self.comm = comm
         self.result_path = result_path
@@ -101,6 +106,7 @@ class BenchmarkTimerHook(Hook):
         import torch
         from mmengine.model import is_model_wrapper
         self.accumulation = int(getattr(runner.optim_wrapper, '_accumulative_counts', 1))
+        self.warmup_steps = max(self.warmup_steps, -(-self.warmup_iters // self.accumulation))
         total_iters = (self.warmup_steps + self.steps) * self.accumulation
         runner.train_loop._max_iters = total_iters  # micro-batches
         self._measure_from = self.warmup_steps * self.accumulation
@@ -351,7 +357,8 @@ def run_worker(spec_path: str) -> None:
     distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1
     cfg.launcher = 'pytorch' if distributed else 'none'
     runner = Runner.from_cfg(cfg)
-    timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'])
+    timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'],
+                               warmup_iters=spec.get('warmup_iters', 0))
     runner.register_hook(timer, priority='LOWEST')
     runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
     if spec.get('profile'):
@@ -584,7 +591,8 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     os.makedirs(args.out, exist_ok=True)
     label = os.path.splitext(os.path.basename(args.config))[0]
     base = dict(config=os.path.abspath(args.config), cfg_options=args.cfg_options or {},
-                warmup=args.warmup, iters=args.iters, plugin=True,
+                warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
+                plugin=True,
                 gpu_monitor=not args.no_gpu_monitor)
     rows: List[Dict[str, Any]] = []
     for n in args.nproc:
@@ -616,6 +624,7 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
         rows += _compare(args, rows)
     result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
                   nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
+                  warmup_iters=args.warmup_iters,
                   steps=args.iters, command=' '.join(sys.argv), rows=rows,
                   created=time.strftime('%Y-%m-%d %H:%M:%S'))
     _write_outputs(result, args.out)
@@ -687,7 +696,8 @@ def _compare(args: argparse.Namespace, rows: List[Dict[str, Any]]) -> List[Dict[
     work = os.path.join(args.out, f'stock_n{n}')
     spec = dict(config=path, data_from=os.path.abspath(args.config),
                 data_cfg_options=args.cfg_options or {}, cfg_options={},
-                warmup=args.warmup, iters=args.iters, plugin=False, label=label, comm='on',
+                warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
+                plugin=False, label=label, comm='on',
                 work_dir=work, result=os.path.join(work, 'result.json'),
                 per_gpu_batch=stock_batch,
                 accumulation=stock_accumulation(ref['total_batch'], stock_batch, n))
@@ -738,6 +748,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--iters', type=int, default=30, help='measured optimizer steps')
     p.add_argument('--warmup', type=int, default=5,
                    help='optimizer steps trained before the measurement starts')
+    p.add_argument('--warmup-iters', type=int, default=0,
+                   help='and at least this many loop iterations (micro-batches) a process: '
+                        'runs whose accumulation differs then warm up alike (default 0)')
     p.add_argument('--out', default='work_dirs/benchmark_scaling', help='output folder')
     p.add_argument('--no-comm-run', dest='comm_run', action='store_false',
                    help='skip the second run per N with DDP communication disabled')
@@ -764,7 +777,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--master-port', type=int, default=None)
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
     args = p.parse_args(argv)
-    for name, least in (('iters', 1), ('warmup', 0), ('profile_steps', 0)):
+    for name, least in (('iters', 1), ('warmup', 0), ('warmup_iters', 0),
+                        ('profile_steps', 0)):
         if getattr(args, name) < least:
             p.error(f'--{name.replace("_", "-")} must be >= {least}, '
                     f'got {getattr(args, name)}')

@@ -271,3 +271,18 @@ def test_stock_batch_must_divide_the_effective_batch():
     with pytest.raises(SystemExit, match='effective batch 8 is not a multiple of the '
                        "stock config's per-GPU batch 6 x 1"):
         tool.stock_accumulation(8, 6, 1)
+
+
+def test_warmup_iters_and_step_times(tmp_path, data_root):
+    """--warmup-iters counts micro-batches of the process: with accumulation 2 (one
+    process, effective batch 4 = 2 x acc 2), 3 iterations round up to 2 warm-up steps;
+    every measured step's time is recorded and summarised."""
+    out = tmp_path / 'warm'
+    run_tool(out, data_root, '--nproc', '1', '--warmup-iters', '3', '--no-comm-run')
+    raw = _raw(out, 1, 'on')
+    assert raw['accumulation'] == 2 and raw['warmup_steps'] == 2
+    steps = raw['ranks'][0]['step_seconds']
+    assert len(steps) == ITERS and all(s > 0 for s in steps)
+    row = json.loads((out / 'scaling.json').read_text())['rows'][0]
+    assert row['step_s_quantiles']['max'] == max(steps)
+    assert ' / ' in (out / 'scaling.md').read_text().splitlines()[2].split('|')[5]
