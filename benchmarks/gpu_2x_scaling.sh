@@ -86,7 +86,8 @@ recheck)
     tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
     --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
     --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
-    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 | tail -14 | tee "$OUT/auto_batch_size.txt"
+    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 \
+    | grep --line-buffered -v "Iter(train) \[ *[0-9]*[1-9]0/" | tee "$OUT/auto_batch_size.txt"
   CUDA_VISIBLE_DEVICES=0 timeout 60 python -m pytest -q -p no:cacheprovider \
     tests/engine/test_memory_probe.py 2>&1 | tail -1 | tee -a "$OUT/auto_batch_size.txt"
   ;;

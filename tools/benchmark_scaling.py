@@ -109,6 +109,9 @@ class BenchmarkTimerHook(Hook):
         self.warmup_steps = max(self.warmup_steps, -(-self.warmup_iters // self.accumulation))
         total_iters = (self.warmup_steps + self.steps) * self.accumulation
         runner.train_loop._max_iters = total_iters  # micro-batches
+        # the wrapper sized its last accumulation window from the config's max_iters
+        runner.optim_wrapper.initialize_count_status(runner.model, runner.iter,
+                                                     total_iters)
         self._measure_from = self.warmup_steps * self.accumulation
         param = next(runner.model.parameters())
         self._cuda = param.device.type == 'cuda'
