@@ -23,6 +23,14 @@ host synchronisations (the CPU waiting for the GPU), time in collectives (NCCL k
 gloo / c10d calls), GPU kernel time against wall time, and the top operators. A second
 table in ``scaling.md``; ``--profile-traces`` also writes a Chrome trace per rank.
 
+Independent mode (``--independent``): for each N > 1, N single-GPU runs of the same
+config at the same time, one GPU each, with no process group: no gradient all-reduce,
+no SyncBN, no lockstep, only the shared host (CPU cores, memory bandwidth, PCIe, the
+driver). Their summed samples/s is the ceiling the N-GPU run could reach on this
+machine; ``ceiling efficiency`` = that sum / (N x the 1-GPU rate) and ``DDP cost`` =
+1 - (N-GPU rate / that sum) separate what sharing the machine costs from what
+distributed training costs (third table in ``scaling.md``).
+
 Comparison mode (``--compare-stock STOCK_CONFIG``): the same model through stock mmdet3d
 (its own config, the plugin not imported) against the plugin config, same dataset and
 pipeline (taken from the plugin config, ``--cfg-options`` applied) and the same effective
@@ -429,6 +437,72 @@ def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[
     return result
 
 
+def _visible_gpus(n: int) -> List[str]:
+    """CUDA_VISIBLE_DEVICES values for n single-GPU processes (honours an existing list)."""
+    visible = os.environ.get('CUDA_VISIBLE_DEVICES')
+    ids = [v for v in visible.split(',') if v.strip()] if visible else \
+        [str(i) for i in range(n)]
+    if len(ids) < n:
+        raise SystemExit(f'benchmark_scaling: --independent with {n} runs needs {n} GPUs, '
+                         f'CUDA_VISIBLE_DEVICES={visible!r} lists {len(ids)}.')
+    return ids[:n]
+
+
+def _launch_independent(base: Dict[str, Any], label: str, n: int,
+                        args: argparse.Namespace) -> List[Dict[str, Any]]:
+    """n single-process runs at once, one GPU each, no process group; their results."""
+    gpus = _visible_gpus(n) if args.devices == 'cuda' else [''] * n
+    procs = []
+    for i, gpu in enumerate(gpus):
+        work = os.path.join(args.out, f'{label}_n{n}_independent', f'run{i}')
+        spec = dict(base, label=label, comm='on', work_dir=work,
+                    result=os.path.join(work, 'result.json'))
+        os.makedirs(work, exist_ok=True)
+        spec_path = os.path.join(work, 'spec.json')
+        with open(spec_path, 'w') as f:
+            json.dump(spec, f, indent=1)
+        if os.path.exists(spec['result']):
+            os.remove(spec['result'])
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
+        env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH']
+                                    if env.get('PYTHONPATH') else '')
+        for key in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'):
+            env.pop(key, None)
+        # the threads torchrun gives each of the N ranks, so only the process group differs
+        env.setdefault('OMP_NUM_THREADS', '1' if args.devices == 'cuda' else
+                       str(max(1, (os.cpu_count() or 1) // n)))
+        log = open(os.path.join(work, 'run.log'), 'w')
+        cmd = [sys.executable, os.path.abspath(__file__), '--worker', spec_path]
+        procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
+                      log, spec, work))
+    print(f'[benchmark_scaling] {label}: {n} independent single-GPU runs at once ...',
+          flush=True)
+    results = []
+    for proc, log, spec, work in procs:
+        try:
+            code = proc.wait(timeout=args.timeout)
+        finally:
+            log.close()
+        raw = _read_result(spec['result'], 1)
+        if raw is None:
+            with open(os.path.join(work, 'run.log')) as f:
+                tail = f.read()[-4000:]
+            raise RuntimeError(f'independent run failed (exit {code}), log '
+                               f'{work}/run.log:\n{tail}')
+        results.append(raw)
+    return results
+
+
+def summarise_independent(raws: List[Dict[str, Any]], ddp_rate: float,
+                          base_rate: float) -> Dict[str, Any]:
+    """The ceiling of N independent runs against the N-GPU run and the 1-GPU rate."""
+    rates = [r['ranks'][0]['samples'] / r['ranks'][0]['seconds'] for r in raws]
+    total = sum(rates)
+    return dict(runs=len(rates), samples_per_s=total, samples_per_s_per_run=rates,
+                ceiling_efficiency=total / (len(rates) * base_rate),
+                ddp_cost=1.0 - ddp_rate / total)
+
+
 def _read_result(path: str, world_size: int) -> Optional[Dict[str, Any]]:
     """Rank 0's result JSON if it exists and holds every rank's figures."""
     if not os.path.exists(path):
@@ -619,10 +693,18 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
             row['comm_step_s'] = 0.0
         if args.profile_steps:
             row['profile'] = _profile_run(base, label, n, args)
+        if args.independent and n > 1:
+            row['independent_raw'] = _launch_independent(base, label, n, args)
         rows.append(row)
     if args.node_rank != 0:
         return {}
     add_scaling(rows)
+    base_row = min(rows, key=lambda r: r['world_size']) if rows else None
+    for row in rows:
+        raws = row.pop('independent_raw', None)
+        if raws and base_row is not None and base_row['world_size'] == 1:
+            row['independent'] = summarise_independent(raws, row['samples_per_s'],
+                                                        base_row['samples_per_s'])
     if args.compare_stock:
         rows += _compare(args, rows)
     result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
@@ -655,6 +737,29 @@ def _profile_run(base: Dict[str, Any], label: str, n: int,
     raw = _launch(spec, n, args)
     return [dict(r['profile'], rank=r['rank']) for r in raw.get('ranks', [])
             if 'profile' in r]
+
+
+def independent_table(result: Dict[str, Any]) -> str:
+    """N-GPU runs against N independent single-GPU runs on the same machine."""
+    rows = [r for r in result['rows'] if r.get('independent')]
+    if not rows:
+        return ''
+    head = ('| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
+            '| per run | efficiency | ceiling efficiency | DDP cost |')
+    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    for row in rows:
+        ind = row['independent']
+        lines.append(
+            f"| {row['label']} | {row['world_size']} | {row['samples_per_s']:.2f} "
+            f"| {ind['samples_per_s']:.2f} "
+            f"| {', '.join(f'{v:.2f}' for v in ind['samples_per_s_per_run'])} "
+            f"| {_fmt(row.get('efficiency'), '{:.2f}')} | {ind['ceiling_efficiency']:.2f} "
+            f"| {ind['ddp_cost']:.1%} |")
+    lines.append('')
+    lines.append('independent runs: one single-GPU run per GPU at the same time, no process '
+                 'group; ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing '
+                 'the machine leaves; DDP cost: 1 - distributed / independent sum.')
+    return '\n'.join(lines)
 
 
 def profile_table(result: Dict[str, Any]) -> str:
@@ -730,9 +835,9 @@ def _write_outputs(result: Dict[str, Any], out: str) -> None:
     with open(os.path.join(out, 'scaling.json'), 'w') as f:
         json.dump(result, f, indent=1)
     table = markdown_table(result)
-    profiles = profile_table(result)
-    if profiles:
-        table += '\n\n' + profiles
+    for extra in (profile_table(result), independent_table(result)):
+        if extra:
+            table += '\n\n' + extra
     with open(os.path.join(out, 'scaling.md'), 'w') as f:
         f.write(f"Command: `{result['command']}`\n\n{table}\n")
     plot(result, os.path.join(out, 'scaling.png'))
@@ -757,6 +862,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--out', default='work_dirs/benchmark_scaling', help='output folder')
     p.add_argument('--no-comm-run', dest='comm_run', action='store_false',
                    help='skip the second run per N with DDP communication disabled')
+    p.add_argument('--independent', action='store_true',
+                   help='for each N > 1, also N single-GPU runs at once without a process '
+                        'group: the no-communication ceiling on this machine')
     p.add_argument('--no-gpu-monitor', action='store_true',
                    help='do not add GPUMonitorHook (it all-gathers a few floats a report)')
     p.add_argument('--epoch-samples', type=int, default=None,
@@ -785,6 +893,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         if getattr(args, name) < least:
             p.error(f'--{name.replace("_", "-")} must be >= {least}, '
                     f'got {getattr(args, name)}')
+    if args.independent and (args.nnodes > 1 or 1 not in args.nproc):
+        p.error('--independent compares N single-GPU runs of one machine with its 1-GPU '
+                f'run: it needs --nnodes 1 (got {args.nnodes}) and 1 in --nproc '
+                f'(got {",".join(map(str, args.nproc))})')
     if args.nnodes > 1 and args.master_port is None:
         p.error('--nnodes > 1 needs --master-port (the same on every node)')
     return args

@@ -73,7 +73,8 @@ def data_root(tmp_path_factory) -> str:
 @pytest.fixture(scope='module')
 def bench(tmp_path_factory, data_root):
     out = tmp_path_factory.mktemp('bench_out')
-    proc = run_tool(out, data_root, '--nproc', '1,2', '--profile-steps', '1')
+    proc = run_tool(out, data_root, '--nproc', '1,2', '--profile-steps', '1',
+                    '--independent')
     return out, proc
 
 
@@ -162,7 +163,7 @@ def test_profile_runs_find_the_collectives(bench):
     assert all(p['comm_cpu_ms_per_iter'] > 0 for p in rows[2]['profile'])
     assert rows[1]['profile'][0]['comm_cpu_ms_per_iter'] == 0  # one process: nothing
     assert (out / f'{LABEL}_n2_profile' / 'result.json').exists()
-    table = (out / 'scaling.md').read_text()
+    table = (out / 'scaling.md').read_text().split('| samples/s (distributed) |')[0]
     assert '| host syncs / iter |' in table
     assert len([line for line in table.splitlines()
                 if line.startswith(f'| {LABEL} |')]) == 4  # 2 timed + 2 profiled rows
@@ -201,8 +202,33 @@ def test_a_result_counts_only_with_every_rank(tmp_path):
     assert tool._read_result(str(path), 2)['ranks'][1]['rank'] == 1
 
 
+def test_independent_runs_give_the_no_communication_ceiling(bench):
+    """--independent: two single-process runs at once, no process group; their summed
+    rate against the 2-process run and the 1-process run."""
+    out, _ = bench
+    rows = {r['world_size']: r for r in json.loads((out / 'scaling.json').read_text())['rows']}
+    assert 'independent' not in rows[1]
+    ind = rows[2]['independent']
+    raws = []
+    for i in range(2):
+        with open(out / f'{LABEL}_n2_independent' / f'run{i}' / 'result.json') as f:
+            raws.append(json.load(f))
+    assert [r['world_size'] for r in raws] == [1, 1]  # no process group
+    assert all(r['ranks'][0]['samples'] == ITERS * TOTAL for r in raws)  # a full run each
+    rates = [_throughput(r) for r in raws]
+    assert ind['samples_per_s_per_run'] == pytest.approx(rates)
+    assert ind['samples_per_s'] == pytest.approx(sum(rates))
+    assert ind['ceiling_efficiency'] == pytest.approx(
+        sum(rates) / (2 * rows[1]['samples_per_s']))
+    assert ind['ddp_cost'] == pytest.approx(1 - rows[2]['samples_per_s'] / sum(rates))
+    table = (out / 'scaling.md').read_text()
+    assert '| samples/s (independent runs, sum) |' in table
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     tool = _load_tool()
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(CONFIG), '--nproc', '2', '--independent'])  # no 1-GPU run
     with pytest.raises(SystemExit):
         tool.parse_args([str(CONFIG), '--nproc', '0,2'])
     with pytest.raises(SystemExit):
