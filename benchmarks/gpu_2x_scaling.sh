@@ -5,10 +5,11 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn     # 1 -> 2 GPUs + stock (SYNC_BN=torch: old)
 #   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
-#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # why 2 GPUs are not 2x: variants
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # 1 -> 2 GPUs + 2 independent 1-GPU runs
+#   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN,
-# WORKERS, *_TIMEOUT, BEV_ITERS,
-# BEV_WARMUP, BEV_EXTRA, AUTO_BATCH_WORKERS.
+# WORKERS, ITERS, WARMUP_ITERS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
+# AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -55,31 +56,27 @@ pv_rcnn)
   ;;
 pv_rcnn_diag)
   kitti
-  # What separates PV-RCNN's 2-GPU rate from twice the 1-GPU rate, one variant each:
-  # as shipped; with GarbageCollectionHook (start-up heap frozen, collections aligned
-  # across ranks) + profiler runs; two independent 1-GPU runs at once (no communication,
-  # no lockstep: what sharing the host costs); 2 GPUs without SyncBN.
+  # What separates PV-RCNN's 2-GPU rate from twice the 1-GPU rate: 1 -> 2 GPUs as
+  # shipped, 30 warm-up iterations in every process, plus (--independent) two 1-GPU runs
+  # at once without a process group: what sharing the machine costs vs what DDP costs.
+  # GC_INTERVAL=N: the same with GarbageCollectionHook(collect_interval=N).
   cfg=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py
-  gc_cfg=$(mktemp -d)/pv_rcnn_synthetic_kitti_gc.py
-  printf "_base_ = ['%s']\ncustom_hooks = [dict(type='GPUMonitorHook'), dict(type='GarbageCollectionHook', collect_interval=%s)]\n" \
-    "$PWD/$cfg" "${GC_INTERVAL:-10}" > "$gc_cfg"
-  common=(--iters ${DIAG_ITERS:-20} --warmup 3 --no-comm-run)
-  opts=(--cfg-options train_dataloader.num_workers=${WORKERS:-2})
-  scaling diag_shipped 240 $cfg --nproc 1,2 "${common[@]}" "${opts[@]}"
-  scaling diag_gc 300 "$gc_cfg" --nproc 1,2 "${common[@]}" --profile-steps 3 "${opts[@]}"
-  for gpu in 0 1; do
-    CUDA_VISIBLE_DEVICES=$gpu scaling diag_solo$gpu 150 $cfg --nproc 1 "${common[@]}" \
-      "${opts[@]}" > "$RES/diag_solo$gpu.txt" &
-  done
-  wait; cat "$RES"/diag_solo?.txt; tar czf "$OUT/results.tgz" -C "$RES" .
-  scaling diag_nosyncbn 120 $cfg --nproc 2 "${common[@]}" "${opts[@]}" distributed.sync_bn=None
+  if [ -n "${GC_INTERVAL:-}" ]; then
+    gc_cfg=$(mktemp -d)/pv_rcnn_synthetic_kitti_gc.py
+    printf "_base_ = ['%s']\ncustom_hooks = [dict(type='GPUMonitorHook'), dict(type='GarbageCollectionHook', collect_interval=%s)]\n" \
+      "$PWD/$cfg" "$GC_INTERVAL" > "$gc_cfg"
+    cfg=$gc_cfg
+  fi
+  scaling diag ${PV_RCNN_TIMEOUT:-420} "$cfg" --nproc 1,2 --independent --iters ${ITERS:-20} \
+    --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} --no-comm-run \
+    --profile-steps ${PROFILE_STEPS:-0} --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
 recheck)
   kitti
   # PV-RCNN as shipped, 1 -> 2 GPUs, 30 warm-up iterations in every process (the
   # diag stage's runs still sped up after 3 warm-up steps), then the auto batch size
   # targets (the probe measures allocated memory since 6ffea0e).
-  scaling pv_rcnn_warm ${PV_RCNN_TIMEOUT:-230} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+  scaling pv_rcnn_warm ${PV_RCNN_TIMEOUT:-300} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc 1,2 --iters ${ITERS:-20} --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} \
     --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   CUDA_VISIBLE_DEVICES=0 timeout ${AUTO_BATCH_TIMEOUT:-330} python \
@@ -106,7 +103,8 @@ auto_batch)
     tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
     --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
     --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
-    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 | tail -20 | tee "$OUT/auto_batch_size.txt"
+    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 \
+    | grep --line-buffered -v "Iter(train) \[ *[0-9]*[1-9]0/" | tee "$OUT/auto_batch_size.txt"
   # GPUMonitorHook on 1 GPU and with 2 NCCL processes
   CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
     tests/hooks/test_gpu_monitor_hook.py 2>&1 | tail -4 | tee "$OUT/monitor_1gpu.txt"
