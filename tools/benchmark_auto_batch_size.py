@@ -5,10 +5,14 @@ For one config, on one device:
 
 1. builds the real Runner with ``AutoBatchSizeHook`` (cache off) and lets it search:
    ``search s`` and the per-GPU batch ``found`` (safety margin ``--margin``);
-2. right after, finds the largest batch that really fits on the same largest-sample
-   batches with no margin (growing from ``found`` until OOM, then bisecting):
-   ``largest``; ``found / largest`` is the figure for the >= 90 % target (printed at
-   once, so a run cut short still reports it);
+2. right after, finds the largest batch that fits on the same largest-sample batches
+   with no margin (growing from ``found`` until a trial fails, then bisecting): an
+   upper bound, since a trial repeats one batch; then checks it by training:
+   ``--verify-steps`` (20) steps on random batches through the train pipeline (their
+   varying shapes fragment the allocator's cache as training does), bisecting between
+   ``found`` and the bound until a batch trains without OOM: ``largest``.
+   ``found / largest`` is the figure for the >= 90 % target (printed at once, so a run
+   cut short still reports it);
 3. trains ``--iters`` iterations (default 300) with the plan it chose, catching an
    out-of-memory error: ``OOM in training`` and the peak memory of those iterations.
 
@@ -46,7 +50,7 @@ from mmdet3d.registry import HOOKS
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mmdet3d_scaling  # noqa: E402,F401
 from mmdet3d_scaling.engine.batch_size_finder import (  # noqa: E402
-    BatchSizeFinder, LargestSampleBatches, is_out_of_memory)
+    BatchSizeFinder, LargestSampleBatches, RandomSampleBatches, is_out_of_memory)
 from mmdet3d_scaling.engine.memory_probe import (  # noqa: E402
     CudaMemoryProbe, ModeledMemoryProbe)
 from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook  # noqa: E402
@@ -62,6 +66,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    'the search (default 300)')
     p.add_argument('--margin', type=float, default=0.1, help='share of memory kept free')
     p.add_argument('--steps-per-trial', type=int, default=2)
+    p.add_argument('--verify-steps', type=int, default=20,
+                   help='training steps on random batches that confirm the largest batch '
+                        '(0: the 2-step trials alone decide; default 20)')
     p.add_argument('--max-batch-size', type=int, default=512,
                    help='largest per-GPU batch tried (search and the no-margin check)')
     p.add_argument('--adjust', choices=('lr', 'accumulation'), default='lr',
@@ -76,7 +83,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--memory-gib', type=float, default=None,
                    help='cap this process to that much GPU memory (emulates a smaller card)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for name in ('iters', 'steps_per_trial', 'verify_steps'):
+        least = 0 if name == 'verify_steps' else 1
+        if getattr(args, name) < least:
+            p.error(f'--{name.replace("_", "-")} must be >= {least}, '
+                    f'got {getattr(args, name)}')
+    return args
 
 
 def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
@@ -107,11 +120,14 @@ class TrainingWatch(Hook):
         if search.result is not None:
             found = search.result.batch_size
             self.check = largest_fitting(self.args, runner, found)
+            bound = self.check['largest']
+            if self.args.verify_steps and bound > found:
+                self.check.update(largest_by_training(self.args, runner, found, bound))
             print(f'[auto batch size] search {search.result.seconds:.1f} s -> per-GPU '
                   f'batch {found}; largest that fits without margin '
                   f'{self.check["largest"]}{" (cap)" if self.check["capped"] else ""} '
-                  f'({self.check["seconds"]:.1f} s); found / largest '
-                  f'{found / self.check["largest"]:.2f}; now training '
+                  f'(2-step trials: {bound}; {self.check["seconds"]:.1f} s); '
+                  f'found / largest {found / self.check["largest"]:.2f}; now training '
                   f'{self.args.iters} iterations', flush=True)
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
         if self.args.probe == 'modeled':
@@ -190,9 +206,33 @@ def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
     finally:
         if isinstance(probe, ModeledMemoryProbe):
             probe.detach()
-    return dict(largest=result.batch_size, seconds=result.seconds,
-                capped=result.hit_upper_bound,
+    return dict(largest=result.batch_size, largest_2step=result.batch_size,
+                seconds=result.seconds, capped=result.hit_upper_bound,
                 trials=[t.__dict__ for t in result.trials])
+
+
+def largest_by_training(args, runner, found: int, bound: int) -> Dict[str, Any]:
+    """The largest batch in ``[found, bound]`` that trains ``--verify-steps`` steps on
+    random batches without running out of memory (``found`` is taken to fit: the
+    training after the search tests it)."""
+    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    loader = runner.train_dataloader
+    probe = _modeled(args, model, runner.optim_wrapper) if args.probe == 'modeled' \
+        else CudaMemoryProbe()
+    batches = RandomSampleBatches(loader.dataset, loader.collate_fn,
+                                  num_workers=loader.num_workers)
+    finder = BatchSizeFinder(model, runner.optim_wrapper, batches, probe, margin=0.0,
+                             steps_per_trial=args.verify_steps, max_batch_size=bound,
+                             new_batch_each_step=True)
+    start = time.perf_counter()
+    try:
+        largest = finder.largest_up_to(bound, known_good=found)
+    finally:
+        batches.close()
+        if isinstance(probe, ModeledMemoryProbe):
+            probe.detach()
+    return dict(largest=largest, verify_seconds=time.perf_counter() - start,
+                verify_trials=[t.__dict__ for t in finder.trials])
 
 
 def run(args) -> Dict[str, Any]:
@@ -217,8 +257,11 @@ def run(args) -> Dict[str, Any]:
         found=result.batch_size, search_seconds=result.seconds,
         search_trials=[t.__dict__ for t in result.trials],
         per_gpu_batch=plan.per_gpu_batch, accumulation=plan.accumulation,
-        largest=check['largest'], largest_capped=check['capped'],
+        largest=check['largest'], largest_2step=check['largest_2step'],
+        largest_capped=check['capped'], verify_steps=args.verify_steps,
+        verify_trials=check.get('verify_trials', []),
         ratio=result.batch_size / check['largest'], check_seconds=check['seconds'],
+        verify_seconds=check.get('verify_seconds'),
         iters_requested=args.iters, iters_done=watch.iters,
         oom_in_training=oom_at is not None, oom_at_iter=oom_at, train_seconds=watch.seconds,
         train_peak_gib=None if watch.peak_bytes is None else watch.peak_bytes / 2**30,
@@ -233,7 +276,9 @@ def table(r: Dict[str, Any]) -> str:
         ('found (per-GPU batch)', f'{r["found"]} after {len(r["search_trials"])} trials'),
         ('search time', f'{r["search_seconds"]:.1f} s'),
         ('largest that fits (no margin)',
-         f'{r["largest"]}' + (' (cap reached)' if r['largest_capped'] else '')),
+         f'{r["largest"]}' + (' (cap reached)' if r['largest_capped'] else '')
+         + (f' (2-step trials: {r["largest_2step"]}; confirmed by {r["verify_steps"]} '
+            'training steps on random batches)' if r['verify_trials'] else '')),
         ('found / largest', f'{r["ratio"]:.2f}'),
         ('trained with', f'{r["per_gpu_batch"]} x {r["accumulation"]} accumulation'),
         ('iterations', f'{r["iters_done"]} of {r["iters_requested"]}'),

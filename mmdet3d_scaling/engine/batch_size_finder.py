@@ -200,12 +200,16 @@ class BatchSizeFinder:
             state, later ones show the allocator's steady state). Defaults to 2.
         init_batch_size: first batch tried. Defaults to 1.
         max_batch_size: largest batch tried. Defaults to 256.
+        new_batch_each_step: call ``make_batch`` for every step of a trial (e.g. random
+            batches, whose varying shapes fragment the allocator's cache as training
+            does) instead of once per trial. Defaults to False.
     """
 
     def __init__(self, model: nn.Module, optim_wrapper: OptimWrapper,
                  make_batch: Callable[[int], Any], probe: MemoryProbe,
                  margin: float = 0.1, steps_per_trial: int = 2,
-                 init_batch_size: int = 1, max_batch_size: int = 256):
+                 init_batch_size: int = 1, max_batch_size: int = 256,
+                 new_batch_each_step: bool = False):
         if not 0 <= margin < 1:
             raise ValueError(f'margin must be in [0, 1) (a share of device memory), '
                              f'got {margin}')
@@ -223,6 +227,7 @@ class BatchSizeFinder:
         self.steps_per_trial = int(steps_per_trial)
         self.init_batch_size = int(init_batch_size)
         self.max_batch_size = int(max_batch_size)
+        self.new_batch_each_step = bool(new_batch_each_step)
         self.trials: List[Trial] = []
 
     @property
@@ -242,7 +247,9 @@ class BatchSizeFinder:
             data = self.make_batch(batch_size)
             self.model.train()
             with one_step_per_call(self.optim_wrapper):
-                for _ in range(self.steps_per_trial):
+                for step in range(self.steps_per_trial):
+                    if step and self.new_batch_each_step:
+                        data = self.make_batch(batch_size)
                     self.model.train_step(data, optim_wrapper=self.optim_wrapper)
             peak = self.probe.peak_bytes()
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
@@ -280,6 +287,27 @@ class BatchSizeFinder:
                 good = mid
             else:
                 bad = mid
+        return good
+
+    def largest_up_to(self, upper: int, known_good: int) -> int:
+        """This rank's largest fitting batch in ``[known_good, upper]``: ``upper`` if it
+        fits, else bisection, taking ``known_good`` to fit without trying it."""
+        if not 0 <= known_good < upper:
+            raise ValueError(f'need 0 <= known_good < upper, got known_good={known_good}, '
+                             f'upper={upper}')
+        self.trials = []
+        state = TrainingState(self.model, self.optim_wrapper)
+        self._release()
+        with local_sync_bn(self.model):
+            if self.try_batch(upper, state).fits:
+                return upper
+            good, bad = known_good, upper
+            while bad - good > 1:
+                mid = (good + bad) // 2
+                if self.try_batch(mid, state).fits:
+                    good = mid
+                else:
+                    bad = mid
         return good
 
     def search(self) -> SearchResult:
@@ -398,6 +426,45 @@ class LargestSampleBatches:
     def __call__(self, batch_size: int) -> Any:
         picks = [self.indices[i % len(self.indices)] for i in range(batch_size)]
         return self.collate_fn([self._sample(i) for i in picks])
+
+
+class RandomSampleBatches:
+    """``batches(n)``: a collated batch of ``n`` samples drawn at random (with
+    replacement) through the train pipeline, a new draw every call, as training sees
+    them. Loaded by a DataLoader with ``num_workers`` processes, rebuilt when ``n``
+    changes.
+
+    Args:
+        dataset: the train dataset.
+        collate_fn: the train dataloader's ``collate_fn``.
+        num_workers: loader processes. Defaults to 0 (in this process).
+        seed: seed of the draws. Defaults to 0.
+    """
+
+    def __init__(self, dataset: Any, collate_fn: Callable[[list], Any],
+                 num_workers: int = 0, seed: int = 0):
+        self.dataset = dataset
+        self.collate_fn = collate_fn
+        self.num_workers = int(num_workers)
+        self.seed = int(seed)
+        self._size: Optional[int] = None
+        self._iter: Optional[Iterator] = None
+
+    def __call__(self, batch_size: int) -> Any:
+        if batch_size != self._size:
+            self._iter = None  # ends the previous loader's workers
+            generator = torch.Generator().manual_seed(self.seed + batch_size)
+            sampler = torch.utils.data.RandomSampler(
+                self.dataset, replacement=True, num_samples=2**31 - 1, generator=generator)
+            loader = torch.utils.data.DataLoader(
+                self.dataset, batch_size=batch_size, sampler=sampler,
+                num_workers=self.num_workers, collate_fn=self.collate_fn)
+            self._iter, self._size = iter(loader), batch_size
+        return next(self._iter)
+
+    def close(self) -> None:
+        """End the loader's worker processes."""
+        self._iter, self._size = None, None
 
 
 # ------------------------------------------------------------------------ the cache

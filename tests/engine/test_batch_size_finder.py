@@ -13,6 +13,7 @@ import torch.multiprocessing as mp
 from mmengine.dataset import pseudo_collate
 
 from mmdet3d_scaling.engine.batch_size_finder import (BatchSizeFinder, LargestSampleBatches,
+                                                      RandomSampleBatches,
                                                       ResultCache, SearchResult,
                                                       TrainingState, cache_key,
                                                       is_out_of_memory, local_sync_bn,
@@ -155,6 +156,49 @@ def test_other_errors_propagate_and_state_is_restored(shared, parts):
     assert not is_out_of_memory(info.value)
     assert [t.batch_size for t in finder.trials] == []  # the first trial raised
     assert all(torch.equal(before[k], v) for k, v in _params(model).items())
+
+
+def test_largest_up_to_checks_the_bound_then_bisects(shared, parts):
+    """The benchmark's confirmation: the bound if it fits, else bisection from a batch
+    known to fit; the model comes back unchanged."""
+    model = parts[0]
+    before = _params(model)
+    # 1 MiB a sample, 6.5 MiB of 10 allowed with 35 % kept free: 6 fit, 7 do not
+    probe_kwargs = dict(capacity_bytes=10 * MiB, fixed_bytes=0, bytes_per_sample=MiB)
+    finder, probe = _finder(shared, probe_kwargs, margin=0.35, max_batch_size=16)
+    assert finder.largest_up_to(16, known_good=2) == 6
+    assert [(t.batch_size, t.fits) for t in finder.trials] == [
+        (16, False), (9, False), (5, True), (7, False), (6, True)]
+    assert finder.largest_up_to(5, known_good=2) == 5  # the bound fits: one trial
+    assert [t.batch_size for t in finder.trials] == [5]
+    probe.detach()
+    after = _params(model)
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    with pytest.raises(ValueError, match='known_good=4, upper=4'):
+        finder.largest_up_to(4, known_good=4)
+
+
+def test_new_batch_each_step_draws_random_batches(shared, parts):
+    model, optim_wrapper, dataset = parts
+    drawn = []
+    random_batches = RandomSampleBatches(dataset, pseudo_collate, seed=1)
+
+    def make_batch(n):
+        batch = random_batches(n)
+        drawn.append([s.metainfo['sample_idx'] for s in batch['data_samples']])
+        return batch
+
+    probe = ModeledMemoryProbe(model, capacity_bytes=100 * MiB, fixed_bytes=0,
+                               bytes_per_sample=MiB)
+    finder = BatchSizeFinder(model, optim_wrapper, make_batch, probe, steps_per_trial=3,
+                             max_batch_size=3, new_batch_each_step=True)
+    finder.largest_up_to(3, known_good=1)
+    probe.detach()
+    random_batches.close()
+    assert len(drawn) == 3 and all(len(d) == 3 for d in drawn)  # one draw a step
+    assert len({tuple(d) for d in drawn}) > 1  # not the same batch three times
+    again = RandomSampleBatches(dataset, pseudo_collate, seed=1)
+    assert [s.metainfo['sample_idx'] for s in again(3)['data_samples']] == drawn[0]
 
 
 def test_bad_arguments(parts):
