@@ -40,6 +40,14 @@ scaling() {  # scaling OUTNAME TIMEOUT ARGS...
   tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
 }
 RES=$(mktemp -d)  # everything the stages write; packed into $OUT/results.tgz
+auto_batch_benchmark() {  # a 2 GiB card: search, confirmed largest, 300 iterations after
+  CUDA_VISIBLE_DEVICES=0 timeout ${AUTO_BATCH_TIMEOUT:-400} python \
+    tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
+    --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
+    --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
+    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 \
+    | grep --line-buffered -v "Iter(train) \[ *[0-9]*[1-9]0/" | tee "$OUT/auto_batch_size.txt"
+}
 
 case $STAGE in
 pv_rcnn)
@@ -79,12 +87,7 @@ recheck)
   scaling pv_rcnn_warm ${PV_RCNN_TIMEOUT:-300} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc 1,2 --iters ${ITERS:-20} --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} \
     --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
-  CUDA_VISIBLE_DEVICES=0 timeout ${AUTO_BATCH_TIMEOUT:-330} python \
-    tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
-    --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
-    --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
-    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 \
-    | grep --line-buffered -v "Iter(train) \[ *[0-9]*[1-9]0/" | tee "$OUT/auto_batch_size.txt"
+  auto_batch_benchmark
   CUDA_VISIBLE_DEVICES=0 timeout 60 python -m pytest -q -p no:cacheprovider \
     tests/engine/test_memory_probe.py 2>&1 | tail -1 | tee -a "$OUT/auto_batch_size.txt"
   ;;
@@ -98,13 +101,7 @@ bevfusion)
   ;;
 auto_batch)
   kitti
-  # a 2 GiB card: the search, 300 iterations with its choice, the no-margin largest
-  CUDA_VISIBLE_DEVICES=0 timeout ${AUTO_BATCH_TIMEOUT:-240} python \
-    tools/benchmark_auto_batch_size.py configs/pointpillars/pointpillars_synthetic_kitti.py \
-    --memory-gib 2 --iters 300 --max-batch-size 512 --out "$OUT/auto_batch_size.json" \
-    --cfg-options scaling.max_per_gpu_batch_size=512 scaling.total_batch_size=512 \
-    train_dataloader.num_workers=${AUTO_BATCH_WORKERS:-24} 2>&1 \
-    | grep --line-buffered -v "Iter(train) \[ *[0-9]*[1-9]0/" | tee "$OUT/auto_batch_size.txt"
+  auto_batch_benchmark
   # GPUMonitorHook on 1 GPU and with 2 NCCL processes
   CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
     tests/hooks/test_gpu_monitor_hook.py 2>&1 | tail -4 | tee "$OUT/monitor_1gpu.txt"

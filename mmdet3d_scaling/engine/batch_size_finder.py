@@ -281,7 +281,11 @@ class BatchSizeFinder:
             else:
                 bad = size
                 break
-        while bad - good > 1:  # bisect between the last success and the first failure
+        return self._bisect(good, bad, state)
+
+    def _bisect(self, good: int, bad: int, state: TrainingState) -> int:
+        """Largest fitting batch between a success ``good`` and a failure ``bad``."""
+        while bad - good > 1:
             mid = (good + bad) // 2
             if self.try_batch(mid, state).fits:
                 good = mid
@@ -301,14 +305,7 @@ class BatchSizeFinder:
         with local_sync_bn(self.model):
             if self.try_batch(upper, state).fits:
                 return upper
-            good, bad = known_good, upper
-            while bad - good > 1:
-                mid = (good + bad) // 2
-                if self.try_batch(mid, state).fits:
-                    good = mid
-                else:
-                    bad = mid
-        return good
+            return self._bisect(known_good, upper, state)
 
     def search(self) -> SearchResult:
         """Search on this rank, then agree on the minimum with the other ranks."""
