@@ -25,12 +25,13 @@ class GarbageCollectionHook(Hook):
     ``freeze``: right before the first training iteration, one full collection, then
     ``gc.freeze()`` moves every surviving object (modules, config, dataset infos,
     imports) to the permanent generation, which later collections skip: a full
-    collection then only walks what training itself allocated (600 ms -> < 1 ms on the
-    measurement above). ``collect_interval``: automatic collection is switched off while
-    training and a full collection runs after every ``collect_interval`` training
-    iterations, at the same iteration on every rank, so ranks pause together (the manual
-    GC of Megatron-LM). During validation and testing automatic collection is on. After
-    training the collector's previous state is restored.
+    collection then only walks what training itself allocated (on the measurement
+    above: 600 ms before freezing, < 1 ms right after). ``collect_interval``: automatic
+    collection is switched off while training and a full collection runs after every
+    ``collect_interval`` training iterations, at the same iteration on every rank, so
+    ranks pause together (the manual GC of Megatron-LM). During validation and testing
+    automatic collection is on. After training the collector's previous state is
+    restored.
 
     Objects frozen at start-up that later become cyclic garbage are only freed after
     training (``gc.unfreeze()``); start-up state normally lives for the whole run.
