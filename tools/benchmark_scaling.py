@@ -243,7 +243,8 @@ class ProfileHook(Hook):
         activities = [ProfilerActivity.CPU]
         if self.timer._cuda:
             activities.append(ProfilerActivity.CUDA)
-        self._prof = profile(activities=activities)
+        # with_stack: Python frames as parent events, so host waits get call sites
+        self._prof = profile(activities=activities, with_stack=True)
         self._prof.start()
         self._t0 = time.perf_counter()
 
@@ -785,6 +786,14 @@ def profile_table(result: Dict[str, Any]) -> str:
     lines.append('Profiled runs (torch.profiler, slower than the timed runs above); worst '
                  'rank per column; iteration = one micro-batch. Top operators per rank: '
                  'scaling.json, rows[].profile.')
+    for row in rows:
+        sites = (row['profile'][0].get('sync_sites') or [])[:5]
+        if sites:
+            lines.append('')
+            lines.append(f"Host waits and copies by call site, {row['world_size']} GPU(s), "
+                         'rank 0 (calls / iteration):')
+            lines += [f"- {site['calls_per_iter']:.1f} x `{site['op']}` from "
+                      f"`{site['site']}`" for site in sites]
     return '\n'.join(lines)
 
 

@@ -6,7 +6,9 @@ waiting for the GPU (host synchronisations: ``.item()``, boolean-mask indexing,
 (NCCL kernels on the GPU, gloo calls on the CPU), or plain GPU work. The summary counts
 and times exactly these, per training iteration, plus the top operators.
 """
-from typing import Any, Dict, List
+import re
+from collections import Counter
+from typing import Any, Dict, List, Optional
 
 # CUDA runtime calls that block the calling CPU thread until the GPU is done.
 HOST_SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
@@ -14,6 +16,17 @@ HOST_SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
 # Record-function prefixes of collectives on the CPU side (c10d, NCCL, gloo).
 COMM_CPU_PREFIXES = ('nccl:', 'gloo:', 'c10d::')
 TOP_K = 10
+# Operators that make the CPU wait for the GPU on a CUDA tensor: ``.item()`` / ``bool()``
+# / ``.tolist()`` (_local_scalar_dense), boolean-mask indexing and ``nonzero``, and ops
+# whose output size depends on the data.
+SYNCING_OPS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::masked_select',
+               'aten::_unique2', 'aten::unique_dim', 'aten::unique_consecutive')
+# What is attributed to call sites: the syncing operators, the CUDA calls that block,
+# and host <-> device copies (each a driver call, most a wait as well).
+SITE_EVENTS = SYNCING_OPS + HOST_SYNC_CALLS + ('cudaMemcpyAsync',)
+_PY_FRAME = re.compile(r'^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$')
+# Frames inside these packages are the mechanism, not the caller worth naming.
+_SKIP_FRAMES = ('/torch/', '<built-in')
 
 
 def _ms(us: float, iters: int) -> float:
@@ -25,6 +38,31 @@ def _top(events: List[Any], attr: str, iters: int) -> List[Dict[str, Any]]:
     return [dict(name=e.key, calls_per_iter=e.count / max(iters, 1),
                  ms_per_iter=_ms(getattr(e, attr), iters))
             for e in ranked[:TOP_K] if getattr(e, attr) > 0]
+
+
+def _site(event: Any) -> Optional[str]:
+    """``file(line): function`` of the innermost Python frame above ``event`` outside
+    torch (recorded when the profiler runs with ``with_stack=True``), or None."""
+    parent = getattr(event, 'cpu_parent', None)
+    while parent is not None:
+        name = parent.name
+        if _PY_FRAME.match(name) and not any(skip in name for skip in _SKIP_FRAMES):
+            return name
+        parent = parent.cpu_parent
+    return None
+
+
+def call_sites(prof: Any, iters: int, names: tuple = SITE_EVENTS) -> List[Dict[str, Any]]:
+    """Where host waits and copies come from: per (Python call site, event name), calls
+    per iteration, most frequent first (``TOP_K``). Needs ``with_stack=True``."""
+    counts: Counter = Counter()
+    for event in prof.events():
+        if event.name in names:
+            site = _site(event)
+            if site is not None:
+                counts[(site, event.name)] += 1
+    return [dict(site=site, op=op, calls_per_iter=n / max(iters, 1))
+            for (site, op), n in counts.most_common(TOP_K)]
 
 
 def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:
@@ -50,4 +88,5 @@ def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:
         comm_cpu_ms_per_iter=_ms(sum(e.cpu_time_total for e in comm_cpu), iters),
         top_cpu=_top(events, 'self_cpu_time_total', iters),
         top_device=_top(events, 'self_device_time_total', iters),
+        sync_sites=call_sites(prof, iters),
     )

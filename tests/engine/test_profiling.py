@@ -21,3 +21,31 @@ def test_summary_counts_per_iteration():
     assert summary['host_syncs_per_iter'] == 0 and summary['host_syncs_by_call'] == {}
     assert summary['comm_cpu_ms_per_iter'] == 0 and summary['comm_kernel_ms_per_iter'] == 0
     assert summary['top_device'] == []  # no GPU activity recorded
+
+
+def _reads_back(x):
+    total = 0.0
+    for i in range(3):
+        total += x[i].item()  # a host wait on a GPU tensor
+    return total + float(torch.nonzero(x > 0).numel())
+
+
+def test_host_waits_are_traced_to_their_call_site():
+    x = torch.randn(16)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(2):
+            _reads_back(x)
+    sites = summarize_profile(prof, iters=2, wall_s=1.0)['sync_sites']
+    by_op = {s['op']: s for s in sites}
+    item = by_op['aten::_local_scalar_dense']
+    assert item['calls_per_iter'] == 3.0
+    assert 'test_profiling.py' in item['site'] and item['site'].endswith(': _reads_back')
+    assert by_op['aten::nonzero']['calls_per_iter'] == 1.0
+    assert not any('/torch/' in s['site'] for s in sites)
+
+
+def test_no_stacks_no_sites():
+    x = torch.randn(16)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _reads_back(x)
+    assert summarize_profile(prof, iters=1, wall_s=1.0)['sync_sites'] == []

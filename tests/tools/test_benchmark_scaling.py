@@ -160,6 +160,9 @@ def test_profile_runs_find_the_collectives(bench):
             assert p['wall_ms_per_iter'] > 0
             assert p['host_syncs_per_iter'] == 0  # no CUDA here
             assert p['top_cpu'] and p['top_cpu'][0]['ms_per_iter'] > 0
+            # call sites of host reads (.item() in losses / logging), none inside torch
+            assert p['sync_sites'] and all('/torch/' not in x['site']
+                                           for x in p['sync_sites'])
     assert all(p['comm_cpu_ms_per_iter'] > 0 for p in rows[2]['profile'])
     assert rows[1]['profile'][0]['comm_cpu_ms_per_iter'] == 0  # one process: nothing
     assert (out / f'{LABEL}_n2_profile' / 'result.json').exists()
