@@ -19,17 +19,20 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 |                     |                              | rotated IoU): CPU twin when there is none    |
 | nuscenes_metric     | mmdet3d 1.4.0, devkit 1.x    | a result without boxes crashes the devkit:   |
 |                     |                              | report mAP = NDS = 0 instead                 |
+| point_ops_cpu       | mmcv 2.1.0                   | FPS, stacked ball query / grouping and       |
+|                     |                              | points_in_boxes_part are CUDA-only: PV-RCNN  |
+|                     |                              | gets PyTorch twins for CPU tensors           |
 """
 from . import mmcv_ops
 
 mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
-from . import kitti_eval_cpu, nuscenes_metric  # noqa: E402
+from . import kitti_eval_cpu, nuscenes_metric, point_ops_cpu  # noqa: E402
 
 for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
-              kitti_eval_cpu, nuscenes_metric):
+              kitti_eval_cpu, nuscenes_metric, point_ops_cpu):
     _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
-           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric']
+           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu']
