@@ -1,6 +1,6 @@
 # PV-RCNN (full model, the 80e recipe's effective batch 16 and lr) on synthetic
-# KITTI-format data, for smoke runs and the scaling benchmark on GPUs. PV-RCNN needs
-# CUDA-only ops (furthest_point_sample, ball_query): it does not train on a CPU.
+# KITTI-format data, for smoke runs and the scaling benchmark on GPUs. On a CPU use
+# pv_rcnn_synthetic_kitti_cpu.py (PyTorch twins of mmcv's CUDA-only point ops).
 #
 #   python tools/create_synthetic_data.py kitti --out data/synthetic_kitti \
 #       --train-frames 400 --val-frames 50
