@@ -37,7 +37,7 @@ import os.path as osp
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 from mmengine.config import Config, DictAction
@@ -84,8 +84,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help='cap this process to that much GPU memory (emulates a smaller card)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = p.parse_args(argv)
-    for name in ('iters', 'steps_per_trial', 'verify_steps'):
-        least = 0 if name == 'verify_steps' else 1
+    for name, least in (('iters', 1), ('steps_per_trial', 1), ('verify_steps', 0)):
         if getattr(args, name) < least:
             p.error(f'--{name.replace("_", "-")} must be >= {least}, '
                     f'got {getattr(args, name)}')
@@ -129,11 +128,7 @@ class TrainingWatch(Hook):
                   f'(2-step trials: {bound}; {self.check["seconds"]:.1f} s); '
                   f'found / largest {found / self.check["largest"]:.2f}; now training '
                   f'{self.args.iters} iterations', flush=True)
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-        if self.args.probe == 'modeled':
-            self.probe = _modeled(self.args, model, runner.optim_wrapper)
-        else:
-            self.probe = CudaMemoryProbe()
+        _, self.probe = _model_and_probe(self.args, runner)
         self.probe.release()
         self.probe.reset()
         self.start = time.perf_counter()
@@ -189,12 +184,18 @@ def build_runner(args) -> Runner:
     return Runner.from_cfg(cfg)
 
 
-def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
-    """The largest batch that really fits (no margin), growing from ``found``."""
+def _model_and_probe(args, runner) -> Tuple[Any, Any]:
+    """The unwrapped model and a fresh memory probe of the kind ``--probe`` asks for."""
     model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    loader = runner.train_dataloader
     probe = _modeled(args, model, runner.optim_wrapper) if args.probe == 'modeled' \
         else CudaMemoryProbe()
+    return model, probe
+
+
+def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
+    """The largest batch that really fits (no margin), growing from ``found``."""
+    model, probe = _model_and_probe(args, runner)
+    loader = runner.train_dataloader
     finder = BatchSizeFinder(
         model, runner.optim_wrapper, LargestSampleBatches(loader.dataset,
                                                           loader.collate_fn),
@@ -215,10 +216,8 @@ def largest_by_training(args, runner, found: int, bound: int) -> Dict[str, Any]:
     """The largest batch in ``[found, bound]`` that trains ``--verify-steps`` steps on
     random batches without running out of memory (``found`` is taken to fit: the
     training after the search tests it)."""
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+    model, probe = _model_and_probe(args, runner)
     loader = runner.train_dataloader
-    probe = _modeled(args, model, runner.optim_wrapper) if args.probe == 'modeled' \
-        else CudaMemoryProbe()
     batches = RandomSampleBatches(loader.dataset, loader.collate_fn,
                                   num_workers=loader.num_workers)
     finder = BatchSizeFinder(model, runner.optim_wrapper, batches, probe, margin=0.0,

@@ -60,7 +60,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as torch_dist
@@ -388,19 +388,27 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[str, Any]:
-    """One training run in fresh processes; returns rank 0's result JSON."""
+def _prepare_run(spec: Dict[str, Any], nproc: int,
+                 args: argparse.Namespace) -> Tuple[List[str], Dict[str, str]]:
+    """Write the run's spec (dropping a stale result); the worker command and its env."""
     os.makedirs(spec['work_dir'], exist_ok=True)
     spec_path = os.path.join(spec['work_dir'], 'spec.json')
     with open(spec_path, 'w') as f:
         json.dump(spec, f, indent=1)
+    if os.path.exists(spec['result']):
+        os.remove(spec['result'])  # a stale result must not pass for this run's
     env = dict(os.environ)
     env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH')
                                 else '')
     if args.devices == 'cpu':
         env['CUDA_VISIBLE_DEVICES'] = ''
         env.setdefault('OMP_NUM_THREADS', str(max(1, (os.cpu_count() or 1) // nproc)))
-    me = [sys.executable, os.path.abspath(__file__), '--worker', spec_path]
+    return [sys.executable, os.path.abspath(__file__), '--worker', spec_path], env
+
+
+def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[str, Any]:
+    """One training run in fresh processes; returns rank 0's result JSON."""
+    me, env = _prepare_run(spec, nproc, args)
     if nproc == 1 and args.nnodes == 1:
         cmd = me
     else:
@@ -411,8 +419,6 @@ def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[
     log_path = os.path.join(spec['work_dir'], 'run.log')
     print(f'[benchmark_scaling] {spec["label"]}: {nproc} process(es) x {args.nnodes} '
           f'node(s), comm {spec["comm"]} ... (log: {log_path})', flush=True)
-    if os.path.exists(spec['result']):
-        os.remove(spec['result'])  # a stale result must not pass for this run's
     with open(log_path, 'w') as log:
         proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
                               timeout=args.timeout)
@@ -458,22 +464,14 @@ def _launch_independent(base: Dict[str, Any], label: str, n: int,
         work = os.path.join(args.out, f'{label}_n{n}_independent', f'run{i}')
         spec = dict(base, label=label, comm='on', work_dir=work,
                     result=os.path.join(work, 'result.json'))
-        os.makedirs(work, exist_ok=True)
-        spec_path = os.path.join(work, 'spec.json')
-        with open(spec_path, 'w') as f:
-            json.dump(spec, f, indent=1)
-        if os.path.exists(spec['result']):
-            os.remove(spec['result'])
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu)
-        env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH']
-                                    if env.get('PYTHONPATH') else '')
+        cmd, env = _prepare_run(spec, n, args)
+        if args.devices == 'cuda':
+            env['CUDA_VISIBLE_DEVICES'] = gpu
+            # the threads torchrun gives each of N ranks: only the process group differs
+            env.setdefault('OMP_NUM_THREADS', '1')
         for key in ('WORLD_SIZE', 'RANK', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT'):
             env.pop(key, None)
-        # the threads torchrun gives each of the N ranks, so only the process group differs
-        env.setdefault('OMP_NUM_THREADS', '1' if args.devices == 'cuda' else
-                       str(max(1, (os.cpu_count() or 1) // n)))
         log = open(os.path.join(work, 'run.log'), 'w')
-        cmd = [sys.executable, os.path.abspath(__file__), '--worker', spec_path]
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
                       log, spec, work))
     print(f'[benchmark_scaling] {label}: {n} independent single-GPU runs at once ...',
@@ -574,6 +572,11 @@ def _fmt(value: Optional[float], pattern: str) -> str:
         else pattern.format(value)
 
 
+def _table_head(head: str) -> List[str]:
+    """A markdown table's header line and separator."""
+    return [head, '|' + '---|' * (head.count('|') - 1)]
+
+
 def _step_quantiles(q: Optional[Dict[str, float]]) -> str:
     return '-' if not q else f"{q['p50']:.3f} / {q['p90']:.3f} s"
 
@@ -591,7 +594,7 @@ def markdown_table(result: Dict[str, Any]) -> str:
             '| time/epoch | samples/s '
             '| speedup | efficiency | data wait | memory/GPU (MiB) | samples/s per rank '
             '(min-max) | comm/step (exposed) | measured on |')
-    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    lines = _table_head(head)
     for row in result['rows']:
         spread = row['spread']
         lines.append(
@@ -700,12 +703,12 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     if args.node_rank != 0:
         return {}
     add_scaling(rows)
-    base_row = min(rows, key=lambda r: r['world_size']) if rows else None
     for row in rows:
         raws = row.pop('independent_raw', None)
-        if raws and base_row is not None and base_row['world_size'] == 1:
+        if raws:  # parse_args made sure a 1-process row exists
+            one = next(r for r in rows if r['world_size'] == 1)
             row['independent'] = summarise_independent(raws, row['samples_per_s'],
-                                                        base_row['samples_per_s'])
+                                                        one['samples_per_s'])
     if args.compare_stock:
         rows += _compare(args, rows)
     result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
@@ -747,7 +750,7 @@ def independent_table(result: Dict[str, Any]) -> str:
         return ''
     head = ('| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
             '| per run | efficiency | ceiling efficiency | DDP cost |')
-    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    lines = _table_head(head)
     for row in rows:
         ind = row['independent']
         lines.append(
@@ -770,7 +773,7 @@ def profile_table(result: Dict[str, Any]) -> str:
         return ''
     head = ('| config | GPUs | wall ms / iter | GPU kernel ms / iter | collective kernels '
             'ms / iter | collective CPU ms / iter | host syncs / iter |')
-    lines = [head, '|' + '---|' * (head.count('|') - 1)]
+    lines = _table_head(head)
     for row in rows:
         prof = row['profile']
 

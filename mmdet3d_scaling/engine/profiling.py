@@ -24,7 +24,7 @@ SYNCING_OPS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::masked_selec
 # What is attributed to call sites: the syncing operators, the CUDA calls that block,
 # and host <-> device copies (each a driver call, most a wait as well).
 SITE_EVENTS = SYNCING_OPS + HOST_SYNC_CALLS + ('cudaMemcpyAsync',)
-_PY_FRAME = re.compile(r'^(?P<file>.+)\((?P<line>\d+)\): (?P<func>.+)$')
+_PY_FRAME = re.compile(r'^.+\(\d+\): .+$')  # 'file(line): function'
 # Frames inside these packages are the mechanism, not the caller worth naming.
 _SKIP_FRAMES = ('/torch/', '<built-in')
 
