@@ -1,10 +1,11 @@
 """Find the largest per-device batch that trains without running out of memory.
 
 A trial is ``steps_per_trial`` real ``train_step`` calls (forward, backward, optimizer
-step) on one batch built from the dataset's largest samples. The search doubles the batch
-from ``init_batch_size`` until a trial fails, then bisects between the last success and
-the first failure. A trial fails when it raises an out-of-memory error or when its peak
-memory exceeds ``(1 - margin)`` of the device's capacity.
+step) on one batch built from the dataset's largest samples, with the device limited to
+``(1 - margin)`` of its capacity (:meth:`MemoryProbe.limit`). The search doubles the
+batch from ``init_batch_size`` until a trial fails, then bisects between the last success
+and the first failure. A trial fails when it runs out of memory under that limit (or
+reports a peak above it).
 
 Every trial starts from the same model / optimizer / RNG state (copied to the CPU before
 the search) and the state is put back afterwards, so the search leaves no trace in the
@@ -186,7 +187,7 @@ def local_sync_bn(model: nn.Module) -> Iterator[None]:
 
 # ------------------------------------------------------------------------ the search
 class BatchSizeFinder:
-    """Largest batch whose training steps fit in ``(1 - margin)`` of device memory.
+    """Largest batch whose training steps run in ``(1 - margin)`` of device memory.
 
     Args:
         model: the unwrapped model (``BaseModel`` with ``train_step``).
@@ -195,7 +196,8 @@ class BatchSizeFinder:
         make_batch: ``make_batch(n)`` returns a data batch of ``n`` samples as the train
             dataloader would yield it (see :class:`LargestSampleBatches`).
         probe: memory probe (:class:`~.memory_probe.CudaMemoryProbe` on a GPU).
-        margin: share of device memory kept free, in [0, 1). Defaults to 0.1.
+        margin: share of device memory kept free, in [0, 1): trials run with the device
+            limited to ``(1 - margin)`` of its capacity. Defaults to 0.1.
         steps_per_trial: training steps per trial (the first allocates the optimizer
             state, later ones show the allocator's steady state). Defaults to 2.
         init_batch_size: first batch tried. Defaults to 1.
@@ -246,12 +248,13 @@ class BatchSizeFinder:
         try:
             data = self.make_batch(batch_size)
             self.model.train()
-            with one_step_per_call(self.optim_wrapper):
+            with self.probe.limit(self.limit_bytes), \
+                    one_step_per_call(self.optim_wrapper):
                 for step in range(self.steps_per_trial):
                     if step and self.new_batch_each_step:
                         data = self.make_batch(batch_size)
                     self.model.train_step(data, optim_wrapper=self.optim_wrapper)
-            peak = self.probe.peak_bytes()
+                peak = self.probe.peak_bytes()
         except (RuntimeError, torch.cuda.OutOfMemoryError) as exc:
             if not is_out_of_memory(exc):
                 raise

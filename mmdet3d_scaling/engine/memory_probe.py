@@ -4,7 +4,8 @@ The batch size finder (:mod:`.batch_size_finder`) only talks to a probe through 
 :class:`MemoryProbe` protocol, so its search, margin and OOM handling run unchanged on a
 machine without a GPU with :class:`ModeledMemoryProbe` standing in for the device.
 """
-from typing import Any, Iterable, Optional
+import contextlib
+from typing import Any, Iterable, Iterator, Optional
 
 import torch
 from torch import nn
@@ -19,8 +20,13 @@ class MemoryProbe(Protocol):
     """What the finder needs to know about device memory.
 
     ``reset()`` is called before a trial, ``peak_bytes()`` after it (the most memory the
-    trial held at once), ``capacity_bytes()`` is the device's total memory.
+    trial held at once), ``capacity_bytes()`` is the device's total memory. Inside
+    ``with limit(n):`` the device runs out of memory above ``n`` bytes, as it would at
+    its capacity: a trial then answers "does this batch train in ``n`` bytes".
     """
+
+    def limit(self, num_bytes: int) -> 'contextlib.AbstractContextManager[None]':
+        ...
 
     def reset(self) -> None:
         ...
@@ -39,14 +45,18 @@ class MemoryProbe(Protocol):
 
 
 class CudaMemoryProbe:
-    """Peak memory reserved by PyTorch's caching allocator on one CUDA device.
+    """Memory of PyTorch's caching allocator on one CUDA device.
 
-    Reserved, not allocated: what training runs out of is reserved memory, fragmentation
-    included. Measured on an H200 capped at 2 GiB (PointPillars, 10 % margin): with the
-    reserved peak the finder chose 51 and 300 iterations trained without OOM; with the
-    allocated peak it chose 64, and training ran out of memory at iteration 5 (random
-    batches fragment the cache more than a trial's repeated largest batch). The reserved
-    peak overstates the need somewhat (the allocator keeps freed blocks), the safe side.
+    ``limit(n)`` caps the allocator at ``n`` bytes (``set_per_process_memory_fraction``,
+    restored on exit), so a trial runs into the same out-of-memory error training would
+    meet on a card of that size, after the allocator has freed its cache and retried.
+    That, not a memory figure, is what decides a trial: neither figure is the need.
+    The allocated peak understates it (fragmentation): judged by it the finder chose 64
+    on an H200 capped at 2 GiB and training ran out of memory at iteration 5. The
+    reserved peak overstates it (the allocator keeps freed blocks while it may): judged
+    by it the finder chose 51 of the 62 that train on random batches.
+
+    ``peak_bytes`` reports the reserved peak (at most the limit inside ``limit``).
 
     Args:
         device: CUDA device; defaults to the current one.
@@ -67,12 +77,25 @@ class CudaMemoryProbe:
         torch.cuda.synchronize(self.device)
         return int(torch.cuda.max_memory_reserved(self.device))
 
+    def _fraction(self) -> float:
+        get_fraction = getattr(torch.cuda, 'get_per_process_memory_fraction', None)
+        return float(get_fraction(self.device)) if get_fraction is not None else 1.0
+
+    @contextlib.contextmanager
+    def limit(self, num_bytes: int) -> Iterator[None]:
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        before = self._fraction()
+        torch.cuda.set_per_process_memory_fraction(
+            min(before, max(num_bytes, 0) / total), self.device)
+        try:
+            yield
+        finally:
+            torch.cuda.set_per_process_memory_fraction(before, self.device)
+
     def capacity_bytes(self) -> int:
         total = torch.cuda.get_device_properties(self.device).total_memory
         # A cap set with torch.cuda.set_per_process_memory_fraction is the real limit.
-        get_fraction = getattr(torch.cuda, 'get_per_process_memory_fraction', None)
-        fraction = get_fraction(self.device) if get_fraction is not None else 1.0
-        return int(total * min(fraction, 1.0))
+        return int(total * min(self._fraction(), 1.0))
 
     def release(self) -> None:
         torch.cuda.empty_cache()
@@ -135,8 +158,9 @@ class ModeledMemoryProbe:
     ``fixed_bytes`` or, when None, the bytes of parameters, gradients and optimizer state
     measured at the end of the trial.
 
-    When a forward call would need more than ``oom_bytes``, it raises
-    ``torch.cuda.OutOfMemoryError`` like the CUDA allocator does, inside the trial.
+    When a forward call would need more than ``oom_bytes`` (or the ``limit`` in force),
+    it raises ``torch.cuda.OutOfMemoryError`` like the CUDA allocator does, inside the
+    trial.
 
     Args:
         model: the module whose ``forward`` inputs are counted (the unwrapped model).
@@ -192,6 +216,15 @@ class ModeledMemoryProbe:
 
     def reset(self) -> None:
         self._peak_call = (0, 0)
+
+    @contextlib.contextmanager
+    def limit(self, num_bytes: int) -> Iterator[None]:
+        before = self.oom_bytes
+        self.oom_bytes = min(before, int(num_bytes))
+        try:
+            yield
+        finally:
+            self.oom_bytes = before
 
     def peak_bytes(self) -> int:
         return self.modeled_bytes(*self._peak_call)

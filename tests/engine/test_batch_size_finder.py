@@ -72,8 +72,10 @@ def test_search_finds_largest_batch_under_the_margin(shared, parts):
     # doubling until the first failure (4), then bisection between 2 and 4
     assert [(t.batch_size, t.fits) for t in result.trials] == [
         (1, True), (2, True), (4, False), (3, False)]
-    assert [t.peak_bytes for t in result.trials if not t.oom] == [3 * MiB, 4 * MiB,
-                                                                  5 * MiB]
+    # trials run with the device limited to 4.5 MiB: 4 and 3 run out of memory there
+    assert [(t.peak_bytes, t.oom) for t in result.trials] == [
+        (3 * MiB, False), (4 * MiB, False), (None, True), (None, True)]
+    assert probe.oom_bytes == 5 * MiB  # the limit is lifted after each trial
     assert result.limit_bytes == int(4.5 * MiB) and not result.hit_upper_bound
     # half the memory kept free: 2.5 MiB allowed, a batch of 1 needs 3
     finder, probe = _finder(shared, probe_kwargs, margin=0.5)

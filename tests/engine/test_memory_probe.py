@@ -34,3 +34,21 @@ def test_peak_counts_reserved_memory():
     probe.release()
     probe.reset()
     assert probe.peak_bytes() < base + 100 * MiB  # released and reset between trials
+
+
+@cuda
+def test_limit_caps_the_allocator_and_restores_it():
+    probe = CudaMemoryProbe()
+    probe.release()
+    base = torch.cuda.memory_reserved()
+    capacity = probe.capacity_bytes()
+    with probe.limit(base + 256 * MiB):
+        assert probe.capacity_bytes() <= base + 256 * MiB + MiB
+        kept = torch.empty(128 * MiB, dtype=torch.uint8, device='cuda')
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            torch.empty(256 * MiB, dtype=torch.uint8, device='cuda')
+        del kept
+    assert probe.capacity_bytes() == capacity
+    big = torch.empty(512 * MiB, dtype=torch.uint8, device='cuda')  # cap lifted
+    del big
+    probe.release()
