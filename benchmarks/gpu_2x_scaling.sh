@@ -68,6 +68,7 @@ pv_rcnn_diag)
   # shipped, 30 warm-up iterations in every process, plus (--independent) two 1-GPU runs
   # at once without a process group: what sharing the machine costs vs what DDP costs.
   # GC_INTERVAL=N: the same with GarbageCollectionHook(collect_interval=N).
+  # SYNC_BN=None: plain BatchNorm on 2 GPUs (splits SyncBN's cost from lockstep).
   cfg=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py
   if [ -n "${GC_INTERVAL:-}" ]; then
     gc_cfg=$(mktemp -d)/pv_rcnn_synthetic_kitti_gc.py
@@ -77,7 +78,8 @@ pv_rcnn_diag)
   fi
   scaling diag ${PV_RCNN_TIMEOUT:-420} "$cfg" --nproc 1,2 --independent --iters ${ITERS:-20} \
     --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} --no-comm-run \
-    --profile-steps ${PROFILE_STEPS:-0} --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+    --profile-steps ${PROFILE_STEPS:-0} --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
+    distributed.sync_bn=${SYNC_BN:-allreduce}
   ;;
 recheck)
   kitti

@@ -39,7 +39,8 @@ class AutoBatchSizeHook(Hook):
 
     The search (:class:`~mmdet3d_scaling.engine.batch_size_finder.BatchSizeFinder`)
     trains a few real steps on batches of the dataset's largest samples, doubling then
-    bisecting the batch, and keeps ``margin`` of device memory free. All ranks use the
+    bisecting the batch, each trial with the device limited to ``1 - margin`` of its
+    memory, so ``margin`` of device memory stays free. All ranks use the
     smallest batch any of them found. The result is cached in the work dir, keyed by the
     model / dataset / optimizer config, world size and device, so a resumed run reuses it.
 
@@ -197,7 +198,9 @@ class AutoBatchSizeHook(Hook):
             activation_checkpointing=cfg.get('activation_checkpointing'),
             world_size=world_size, devices=[list(d) for d in devices],
             torch=torch.__version__,
-            search=dict(margin=self.margin, steps=self.steps_per_trial,
+            # trial: how a trial is judged (a result judged otherwise is not reused)
+            search=dict(trial='oom-under-limit', margin=self.margin,
+                        steps=self.steps_per_trial,
                         init=self.init_batch_size, max=upper, adjust=self.adjust,
                         candidates=self.num_candidates, scan_limit=self.scan_limit))
 
