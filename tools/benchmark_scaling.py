@@ -234,17 +234,25 @@ class ProfileHook(Hook):
         self.timer = timer
         self.trace_dir = trace_dir
         self._prof: Any = None
+        self._syncs: Any = None
         self._t0 = 0.0
 
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
         if runner.iter != self.timer._measure_from:
             return
         from torch.profiler import ProfilerActivity, profile
+
+        # imported here: the stock comparison run must not load the plugin early
+        from mmdet3d_scaling.engine.profiling import SyncSiteRecorder
         activities = [ProfilerActivity.CPU]
         if self.timer._cuda:
             activities.append(ProfilerActivity.CUDA)
         # with_stack: Python frames as parent events, so host waits get call sites
         self._prof = profile(activities=activities, with_stack=True)
+        # on CUDA the call sites come from torch's sync debug mode (see SyncSiteRecorder)
+        self._syncs = SyncSiteRecorder() if self.timer._cuda else None
+        if self._syncs is not None:
+            self._syncs.__enter__()
         self._prof.start()
         self._t0 = time.perf_counter()
 
@@ -256,9 +264,14 @@ class ProfileHook(Hook):
             torch.cuda.synchronize()
         wall = time.perf_counter() - self._t0
         self._prof.stop()
+        if self._syncs is not None:
+            self._syncs.__exit__(None, None, None)
         from mmdet3d_scaling.engine.profiling import summarize_profile
         iters = runner.iter + 1 - self.timer._measure_from
         self.timer.profile = summarize_profile(self._prof, iters, wall)
+        if self._syncs is not None:
+            self.timer.profile['sync_sites'] = self._syncs.sites(iters)
+            self._syncs = None
         if self.trace_dir:
             from mmengine.dist import get_rank
             os.makedirs(self.trace_dir, exist_ok=True)
