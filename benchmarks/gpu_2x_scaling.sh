@@ -7,7 +7,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # 1 -> 2 GPUs + 2 independent 1-GPU runs
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
-# Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN,
+# Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
@@ -68,7 +68,8 @@ pv_rcnn_diag)
   # shipped, 30 warm-up iterations in every process, plus (--independent) two 1-GPU runs
   # at once without a process group: what sharing the machine costs vs what DDP costs.
   # GC_INTERVAL=N: the same with GarbageCollectionHook(collect_interval=N).
-  # SYNC_BN=None: plain BatchNorm on 2 GPUs (splits SyncBN's cost from lockstep).
+  # SYNC_BN=None: plain BatchNorm on 2 GPUs (splits SyncBN's cost from lockstep);
+  # SYNC_BN_SCOPE="[middle_encoder,backbone,neck]": SyncBN only in those submodules.
   cfg=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py
   if [ -n "${GC_INTERVAL:-}" ]; then
     gc_cfg=$(mktemp -d)/pv_rcnn_synthetic_kitti_gc.py
@@ -79,7 +80,7 @@ pv_rcnn_diag)
   scaling diag ${PV_RCNN_TIMEOUT:-420} "$cfg" --nproc 1,2 --independent --iters ${ITERS:-20} \
     --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} --no-comm-run \
     --profile-steps ${PROFILE_STEPS:-0} --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
-    distributed.sync_bn=${SYNC_BN:-allreduce}
+    distributed.sync_bn=${SYNC_BN:-allreduce} ${SYNC_BN_SCOPE:+distributed.sync_bn_scope=$SYNC_BN_SCOPE}
   ;;
 recheck)
   kitti

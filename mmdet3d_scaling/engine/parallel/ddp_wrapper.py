@@ -1,6 +1,6 @@
 """``ScalingDistributedDataParallel``: MMDistributedDataParallel plus SyncBN conversion,
 the unused-parameter probe and gradient compression, all set from the config."""
-from typing import Any, List, Optional, Union
+from typing import Any, List, Optional, Sequence, Union
 
 from mmengine.dist import get_rank
 from mmengine.logging import print_log
@@ -44,6 +44,9 @@ class ScalingDistributedDataParallel(MMDistributedDataParallel):
         sync_bn: None, 'torch', 'mmcv', 'naive' or 'allreduce': convert BatchNorm
             layers (sparse encoders included) before wrapping; without CUDA
             'torch'/'mmcv' fall back to 'naive'. Defaults to None.
+        sync_bn_scope: with ``sync_bn``, convert only the layers inside these
+            submodules (names as in ``model.named_modules()``); None: all. Defaults to
+            None.
         comm_compression: None, 'fp16' or 'bf16': all-reduce gradients in half
             precision (torch's ``fp16_compress_hook`` / ``bf16_compress_hook``; bf16
             needs NCCL >= 2.9.6). Defaults to None.
@@ -57,6 +60,7 @@ class ScalingDistributedDataParallel(MMDistributedDataParallel):
                  module: nn.Module,
                  find_unused_parameters: Union[bool, str] = False,
                  sync_bn: Optional[str] = None,
+                 sync_bn_scope: Optional[Sequence[str]] = None,
                  comm_compression: Optional[str] = None,
                  probe_dataloader: Optional[dict] = None,
                  **kwargs: Any) -> None:
@@ -69,9 +73,14 @@ class ScalingDistributedDataParallel(MMDistributedDataParallel):
             raise ValueError('find_unused_parameters must be True, False or "auto", got '
                              f'{find_unused_parameters!r}')
         if sync_bn is not None:
-            module = convert_sync_bn(module, resolve_implementation(sync_bn))
-            print_log(f'SyncBN ({sync_bn}): norm layers now {norm_layer_counts(module)}',
-                      logger='current')
+            module = convert_sync_bn(module, resolve_implementation(sync_bn),
+                                     scope=sync_bn_scope)
+            where = '' if sync_bn_scope is None else f' in {list(sync_bn_scope)}'
+            print_log(f'SyncBN ({sync_bn}){where}: norm layers now '
+                      f'{norm_layer_counts(module)}', logger='current')
+        elif sync_bn_scope is not None:
+            raise ValueError(f'sync_bn_scope={list(sync_bn_scope)!r} needs sync_bn (e.g. '
+                             "'allreduce'); without it no layer is synchronised.")
         super().__init__(module=module, find_unused_parameters=find_unused_parameters,
                          **kwargs)
         # names found by the 'auto' probe (None: not probed)

@@ -10,6 +10,7 @@
         broadcast_buffers=False,       # as mmengine's default wrapper
         comm_compression=None,         # None | 'fp16' | 'bf16' gradient all-reduce
         sync_bn=None,                  # None | 'torch' | 'mmcv' | 'naive' | 'allreduce'
+        sync_bn_scope=None,            # None (all layers) | ['backbone', ...] submodules
         timeout_minutes=60,            # collective timeout (env_cfg.dist_cfg.timeout)
         detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
     )
@@ -25,17 +26,17 @@ from mmengine.config import Config
 from mmengine.logging import print_log
 
 from .ddp_wrapper import COMM_COMPRESSIONS
-from .sync_bn import IMPLEMENTATIONS
+from .sync_bn import IMPLEMENTATIONS, check_scope_format
 
 WRAPPER = 'ScalingDistributedDataParallel'
 _WRAPPER_TYPES = (None, 'MMDistributedDataParallel', WRAPPER)
 DEFAULTS: Dict[str, Any] = dict(
     find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=False,
     bucket_cap_mb=25, broadcast_buffers=False, comm_compression=None, sync_bn=None,
-    timeout_minutes=60, detect_anomalous_params=False)
+    sync_bn_scope=None, timeout_minutes=60, detect_anomalous_params=False)
 _WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_view',
                  'bucket_cap_mb', 'broadcast_buffers', 'comm_compression', 'sync_bn',
-                 'detect_anomalous_params')
+                 'sync_bn_scope', 'detect_anomalous_params')
 _BOOL_KEYS = ('static_graph', 'gradient_as_bucket_view', 'broadcast_buffers',
               'detect_anomalous_params')
 
@@ -64,6 +65,10 @@ def validate_options(options: Dict[str, Any]) -> None:
     if options.get('sync_bn') not in (None,) + IMPLEMENTATIONS:
         raise ValueError(f'distributed.sync_bn must be None or one of {IMPLEMENTATIONS}, '
                          f"got {options['sync_bn']!r}")
+    try:
+        check_scope_format(options.get('sync_bn_scope'))
+    except ValueError as exc:
+        raise ValueError(f'distributed.{exc}') from None
     for key in ('bucket_cap_mb', 'timeout_minutes'):
         if options.get(key) is not None:
             _positive_number(key, options[key])

@@ -16,7 +16,7 @@ it reaches them (``tests/engine/parallel/test_sync_bn.py`` checks on a real enco
 """
 import functools
 from collections import Counter
-from typing import Dict, Optional, Type
+from typing import Any, Dict, Optional, Sequence, Type
 
 import torch
 from mmengine.logging import print_log
@@ -116,8 +116,37 @@ def resolve_implementation(requested: str, cuda: Optional[bool] = None) -> str:
     return requested
 
 
-def convert_sync_bn(module: nn.Module, implementation: str = 'torch') -> nn.Module:
-    """Replace every BatchNorm layer of ``module`` with a synchronised one (in place for
+def _in_scope(name: str, scope: Optional[Sequence[str]]) -> bool:
+    return scope is None or any(name == s or name.startswith(s + '.') for s in scope)
+
+
+def check_scope_format(scope: Any) -> None:
+    """``scope`` must be None or a non-empty list / tuple of non-empty names."""
+    if scope is None:
+        return
+    if not isinstance(scope, (list, tuple)) or not scope or not all(
+            isinstance(s, str) and s for s in scope):
+        raise ValueError('sync_bn_scope must be None or a non-empty list of submodule '
+                         f"names (e.g. ['backbone', 'middle_encoder']), got {scope!r}")
+
+
+def check_scope(module: nn.Module, scope: Optional[Sequence[str]]) -> None:
+    """Every entry of ``scope`` must name a submodule holding a BatchNorm layer."""
+    check_scope_format(scope)
+    if scope is None:
+        return
+    bn_names = [n for n, m in module.named_modules() if isinstance(m, _BatchNorm)]
+    missing = [s for s in scope if not any(_in_scope(n, [s]) for n in bn_names)]
+    if missing:
+        children = ', '.join(n for n, _ in module.named_children())
+        raise ValueError(f'sync_bn_scope: {missing} hold no BatchNorm layer of this model '
+                         f'(its top-level parts: {children}). Name submodules that do, '
+                         'or drop sync_bn_scope to synchronise every layer.')
+
+
+def convert_sync_bn(module: nn.Module, implementation: str = 'torch',
+                    scope: Optional[Sequence[str]] = None) -> nn.Module:
+    """Replace the BatchNorm layers of ``module`` with synchronised ones (in place for
     children; returns the new root if the root itself is a BatchNorm).
 
     Args:
@@ -127,15 +156,20 @@ def convert_sync_bn(module: nn.Module, implementation: str = 'torch') -> nn.Modu
             equally) or 'allreduce' (:class:`AllReduceSyncBatchNorm`: exact statistics,
             one all-reduce per layer, no host synchronisation, gloo-capable).
             BatchNorm3d has no naive form and stays per-process with 'naive' (logged).
+        scope: names of submodules (``'backbone'``, ``'roi_head.bbox_head'``) whose
+            layers are converted; the rest keep per-process statistics, and their
+            ranks do not wait for each other there. None: every layer. Defaults to None.
     """
     if implementation not in IMPLEMENTATIONS:
         raise ValueError(f'implementation must be one of {IMPLEMENTATIONS}, '
                          f'got {implementation!r}')
+    check_scope(module, scope)
     synced = _already_synced_types()
     skipped = []
 
     def convert(mod: nn.Module, name: str) -> nn.Module:
-        if isinstance(mod, _BatchNorm) and not isinstance(mod, synced):
+        if isinstance(mod, _BatchNorm) and not isinstance(mod, synced) \
+                and _in_scope(name, scope):
             cls = _target_class(mod, implementation)
             if cls is None:
                 skipped.append(name or type(mod).__name__)

@@ -28,10 +28,11 @@ def test_distributed_run_gets_the_scaling_wrapper_with_defaults(tmp_path):
 def test_options_reach_the_wrapper(tmp_path):
     cfg = _prepared(tmp_path, distributed=dict(
         find_unused_parameters='auto', static_graph=True, bucket_cap_mb=50,
-        comm_compression='fp16', sync_bn='naive'))
+        comm_compression='fp16', sync_bn='naive', sync_bn_scope=['backbone']))
     w = cfg.model_wrapper_cfg
     assert (w.find_unused_parameters, w.static_graph, w.bucket_cap_mb,
-            w.comm_compression, w.sync_bn) == ('auto', True, 50, 'fp16', 'naive')
+            w.comm_compression, w.sync_bn, w.sync_bn_scope) == (
+                'auto', True, 50, 'fp16', 'naive', ['backbone'])
     assert w.probe_dataloader.batch_size == cfg.train_dataloader.batch_size
 
 
@@ -72,6 +73,8 @@ def test_top_level_keys_are_folded_in_and_conflicts_are_errors(tmp_path):
     (dict(static_graph=1), 'static_graph must be True or False'),
     (dict(bucket_cap_mb=0), 'bucket_cap_mb must be a positive number'),
     (dict(sync_bn='apex'), "sync_bn.*'apex'"),
+    (dict(sync_bn='allreduce', sync_bn_scope='backbone'),
+     "sync_bn_scope must be .* list .*got 'backbone'"),
 ])
 def test_bad_options_are_errors_even_in_one_process(tmp_path, options, match):
     with pytest.raises(ValueError, match=match):

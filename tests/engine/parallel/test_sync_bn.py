@@ -100,6 +100,51 @@ def test_layers_that_already_sync_are_kept_and_bn3d_is_reported():
         'NaiveSyncBatchNorm1d', 'BatchNorm3d', 'NaiveSyncBatchNorm2d']
 
 
+class TwoParts(nn.Module):
+    """A sparse encoder and a dense head, as in SECOND-style detectors."""
+
+    def __init__(self):
+        super().__init__()
+        self.middle_encoder = build_encoder()
+        self.head = nn.Sequential(nn.Conv2d(4, 4, 1), nn.BatchNorm2d(4),
+                                  nn.Sequential(nn.BatchNorm1d(4)))
+
+
+def test_scope_converts_only_the_named_submodules():
+    net = TwoParts()
+    n_sparse = _bn1d_count(net.middle_encoder)
+    convert_sync_bn(net, 'allreduce', scope=['head.1', 'head.2'])
+    assert _bn1d_count(net.middle_encoder) == n_sparse  # outside the scope: untouched
+    assert [type(m).__name__ for m in (net.head[1], net.head[2][0])] == [
+        'AllReduceSyncBatchNorm', 'AllReduceSyncBatchNorm']
+    net = TwoParts()
+    convert_sync_bn(net, 'allreduce', scope=['middle_encoder'])
+    assert _bn1d_count(net.middle_encoder) == 0
+    assert type(net.head[1]) is nn.BatchNorm2d and type(net.head[2][0]) is nn.BatchNorm1d
+    # a name covers everything below it
+    assert norm_layer_counts(convert_sync_bn(TwoParts(), 'allreduce', scope=['head'])) \
+        == {'BatchNorm1d': n_sparse, 'AllReduceSyncBatchNorm': 2}
+
+
+@pytest.mark.parametrize('scope,match', [
+    (['backbone'], r"\['backbone'\] hold no BatchNorm layer.*middle_encoder, head"),
+    (['head.0'], r"\['head.0'\] hold no BatchNorm"),  # the conv, no BN inside
+    ('head', 'must be None or a non-empty list'),
+    ([], 'must be None or a non-empty list'),
+])
+def test_bad_scope_is_an_error_naming_it(scope, match):
+    net = TwoParts()
+    with pytest.raises(ValueError, match=match):
+        convert_sync_bn(net, 'allreduce', scope=scope)
+    assert _bn1d_count(net.middle_encoder) > 0  # nothing converted before the error
+
+
+def test_scope_without_sync_bn_is_an_error():
+    from mmdet3d_scaling.engine.parallel.ddp_wrapper import ScalingDistributedDataParallel
+    with pytest.raises(ValueError, match=r"sync_bn_scope=\['head'\] needs sync_bn"):
+        ScalingDistributedDataParallel(TwoParts(), sync_bn=None, sync_bn_scope=['head'])
+
+
 def test_resolve_implementation():
     assert resolve_implementation('torch', cuda=True) == 'torch'
     assert resolve_implementation('mmcv', cuda=False) == 'naive'
