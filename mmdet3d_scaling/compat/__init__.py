@@ -1,7 +1,9 @@
 """Workarounds for third-party defects, in one place.
 
 Each module here fixes one upstream defect, names the upstream versions it is for, and
-exposes an idempotent ``apply()``; importing this package applies them all.
+exposes an idempotent ``apply()``; importing this package applies them all, except those
+named in ``$MMDET3D_SCALING_SKIP_SHIMS`` (comma-separated module names, e.g.
+``max_iou_assigner``; mmcv_ops always applies).
 
 | module              | upstream                     | defect                                       |
 |---------------------|------------------------------|----------------------------------------------|
@@ -22,17 +24,39 @@ exposes an idempotent ``apply()``; importing this package applies them all.
 | point_ops_cpu       | mmcv 2.1.0                   | FPS, stacked ball query / grouping and       |
 |                     |                              | points_in_boxes_part are CUDA-only: PV-RCNN  |
 |                     |                              | gets PyTorch twins for CPU tensors           |
+| max_iou_assigner    | mmdet 3.x                    | MaxIoUAssigner waits on the GPU once per     |
+|                     |                              | ground truth: same result, no host read      |
 """
+import os
+
 from . import mmcv_ops
 
 mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
-from . import kitti_eval_cpu, nuscenes_metric, point_ops_cpu  # noqa: E402
+from . import kitti_eval_cpu, max_iou_assigner, nuscenes_metric, point_ops_cpu  # noqa: E402,E501
 
-for _shim in (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
-              kitti_eval_cpu, nuscenes_metric, point_ops_cpu):
-    _shim.apply()
+_SHIMS = (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
+          kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner)
+SKIP_ENV = 'MMDET3D_SCALING_SKIP_SHIMS'
+
+
+def _skipped() -> set:
+    """Shims named in $MMDET3D_SCALING_SKIP_SHIMS (comma-separated) stay unapplied."""
+    names = {n.strip() for n in os.environ.get(SKIP_ENV, '').split(',') if n.strip()}
+    known = {shim.__name__.rsplit('.', 1)[-1] for shim in _SHIMS}
+    unknown = sorted(names - known)
+    if unknown:
+        raise ValueError(f'{SKIP_ENV}={os.environ[SKIP_ENV]!r} names unknown shim(s) '
+                         f'{unknown}; known: {", ".join(sorted(known))}')
+    return names
+
+
+_SKIPPED = _skipped()
+for _shim in _SHIMS:
+    if _shim.__name__.rsplit('.', 1)[-1] not in _SKIPPED:
+        _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
-           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu']
+           'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu',
+           'max_iou_assigner']
