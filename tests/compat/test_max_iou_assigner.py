@@ -8,6 +8,8 @@ from mmdet3d.models.task_modules.assigners import Max3DIoUAssigner
 from mmdet3d_scaling.compat import max_iou_assigner as shim
 
 ORIGINAL = shim.assign_wrt_overlaps.original
+# named with its scope: other tests leave another default scope set
+IOU = dict(type='mmdet.BboxOverlaps2D')
 
 
 def _overlaps(num_gts, num_priors, seed, ties=True):
@@ -47,7 +49,7 @@ def test_the_shim_is_in_place_for_3d_assigners_too():
 @pytest.mark.parametrize('shape', [(1, 50), (7, 300), (40, 2000), (60, 5)])
 @pytest.mark.parametrize('ties', [True, False])
 def test_same_assignment_as_mmdet(settings, shape, ties):
-    assigner = MaxIoUAssigner(**settings)
+    assigner = MaxIoUAssigner(**settings, iou_calculator=IOU)
     for seed in range(3):
         overlaps, labels = _overlaps(*shape, seed=seed, ties=ties)
         _same(shim.assign_wrt_overlaps(assigner, overlaps, labels),
@@ -60,7 +62,7 @@ def test_later_ground_truths_win_as_in_the_loop():
     overlaps = torch.tensor([[0.3, 0.1, 0.0], [0.3, 0.3, 0.0]])
     for assign_all in (True, False):
         assigner = MaxIoUAssigner(pos_iou_thr=0.5, neg_iou_thr=0.1, min_pos_iou=0.2,
-                                  gt_max_assign_all=assign_all)
+                                  gt_max_assign_all=assign_all, iou_calculator=IOU)
         result = shim.assign_wrt_overlaps(assigner, overlaps, torch.tensor([4, 7]))
         assert result.gt_inds.tolist() == [2, 2 if assign_all else -1, 0]
         assert result.labels.tolist() == [7, 7 if assign_all else -1, -1]
@@ -69,7 +71,7 @@ def test_later_ground_truths_win_as_in_the_loop():
 
 @pytest.mark.parametrize('shape', [(0, 10), (3, 0)])
 def test_empty_inputs_take_the_original_path(shape):
-    assigner = MaxIoUAssigner(pos_iou_thr=0.5, neg_iou_thr=0.4)
+    assigner = MaxIoUAssigner(pos_iou_thr=0.5, neg_iou_thr=0.4, iou_calculator=IOU)
     overlaps = torch.zeros(shape)
     _same(shim.assign_wrt_overlaps(assigner, overlaps, torch.zeros(shape[0]).long()),
           ORIGINAL(assigner, overlaps, torch.zeros(shape[0]).long()))

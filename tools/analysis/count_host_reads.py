@@ -14,8 +14,6 @@ Usage::
     python tools/analysis/count_host_reads.py CONFIG --steps 2 --top 30 --out reads.json
 """
 import argparse
-import json
-import os
 import os.path as osp
 import sys
 import time
@@ -23,6 +21,7 @@ from typing import Any, Dict
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
+import mmengine  # noqa: E402
 from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
@@ -85,9 +84,7 @@ def main(argv=None) -> Dict[str, Any]:
     for s in result['sites']:
         print(f"{s['count']:8.1f} | {s['op']} | {s['site']}")
     out = args.out or osp.join(args.work_dir, 'host_reads.json')
-    os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
-    with open(out, 'w') as f:
-        json.dump(result, f, indent=2)
+    mmengine.dump(result, out, indent=2)  # creates the folder
     print(f'written: {out}')
     return result
 

@@ -1,0 +1,56 @@
+"""tools/analysis/count_host_reads.py on the demo PointPillars (CPU): the counts, and
+the reads that compat/max_iou_assigner.py removes, with and without that shim."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.auto_batch_size_common import data_root_for_tests, demo_config
+
+REPO = Path(__file__).resolve().parents[2]
+TOOL = REPO / 'tools' / 'analysis' / 'count_host_reads.py'
+ASSIGNER = 'mmdet/models/task_modules/assigners/max_iou_assigner.py'
+
+
+def _count(base: Path, config: Path, name: str, skip: str) -> dict:
+    out = base / f'{name}.json'
+    env = dict(os.environ, MMDET3D_SCALING_SKIP_SHIMS=skip)
+    proc = subprocess.run(
+        [sys.executable, str(TOOL), str(config), '--work-dir', str(base / name), '--out',
+         str(out), '--cfg-options', 'randomness.seed=0', 'train_dataloader.batch_size=2'],
+        cwd=str(REPO), env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert 'host reads a training step' in proc.stdout
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope='module')
+def counts(tmp_path_factory):
+    base = tmp_path_factory.mktemp('host_reads')
+    data_root = data_root_for_tests(str(base / 'data'))
+    config = base / 'demo.py'
+    demo_config(data_root, str(base / 'work')).dump(str(config))
+    return (_count(base, config, 'upstream', 'max_iou_assigner'),
+            _count(base, config, 'shimmed', ''))
+
+
+def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_shim(counts):
+    upstream, shimmed = counts
+    assert upstream['steps'] == 1 and upstream['samples'] == 2
+    upstream_sites = {s['site'] for s in upstream['sites']}
+    assert any(ASSIGNER in site for site in upstream_sites)
+    assert not any(ASSIGNER in s['site'] for s in shimmed['sites'])
+    # same seed, same batch: the difference is exactly the assigner's reads
+    assigner = sum(s['count'] for s in upstream['sites'] if ASSIGNER in s['site'])
+    assert shimmed['reads_per_step'] == pytest.approx(upstream['reads_per_step']
+                                                      - assigner)
+    assert shimmed['reads_per_step'] < upstream['reads_per_step']
+
+
+def test_bad_arguments_are_errors():
+    proc = subprocess.run([sys.executable, str(TOOL), 'x.py', '--steps', '0'],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and '--steps must be >= 1, got 0' in proc.stderr
