@@ -243,7 +243,7 @@ class ProfileHook(Hook):
         from torch.profiler import ProfilerActivity, profile
 
         # imported here: the stock comparison run must not load the plugin early
-        from mmdet3d_scaling.engine.profiling import SyncSiteRecorder
+        from mmdet3d_scaling.engine.host_reads import SyncSiteRecorder
         activities = [ProfilerActivity.CPU]
         if self.timer._cuda:
             activities.append(ProfilerActivity.CUDA)

@@ -7,12 +7,8 @@ waiting for the GPU (host synchronisations: ``.item()``, boolean-mask indexing,
 and times exactly these, per training iteration, plus the top operators.
 """
 import re
-import traceback
-import warnings
 from collections import Counter
 from typing import Any, Dict, List, Optional
-
-import torch
 
 # CUDA runtime calls that block the calling CPU thread until the GPU is done.
 HOST_SYNC_CALLS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize',
@@ -67,72 +63,6 @@ def call_sites(prof: Any, iters: int, names: tuple = SITE_EVENTS) -> List[Dict[s
                 counts[(site, event.name)] += 1
     return [dict(site=site, op=op, calls_per_iter=n / max(iters, 1))
             for (site, op), n in counts.most_common(TOP_K)]
-
-
-def _innermost_outside_torch(frames: List[traceback.FrameSummary]) -> str:
-    """``file(line): function`` of the innermost frame not inside torch or this module."""
-    for frame in reversed(frames):
-        where = f'{frame.filename}({frame.lineno}): {frame.name}'
-        if not any(skip in frame.filename for skip in _SKIP_FRAMES + (__file__,)) \
-                and 'warnings.py' not in frame.filename:
-            return where
-    return '<no Python caller>'
-
-
-class SyncSiteRecorder:
-    """Counts the CUDA operations that make the CPU wait for the GPU, by Python call site.
-
-    Inside ``with SyncSiteRecorder() as rec:`` torch's sync debug mode is 'warn', so every
-    ``.item()``, ``.cpu()``, ``nonzero``, boolean-mask index or stream synchronisation on
-    a CUDA tensor raises torch's "called a synchronizing CUDA operation" warning; the
-    recorder takes the innermost caller outside torch from the Python stack and counts
-    it instead of printing. Other warnings pass through. Syncs that CUDA extensions make
-    by themselves (mmcv ops calling ``cudaMemcpy``) are not seen; the profiler's
-    ``host_syncs_per_iter`` counts those. A no-op without CUDA.
-
-    Why not the profiler's stacks: in the PV-RCNN profile on an H200 (torch 2.11) its
-    events had no Python parents, so :func:`call_sites` found nothing there.
-    """
-
-    MESSAGE = 'called a synchronizing CUDA operation'
-
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
-        self._enabled = torch.cuda.is_available()
-        self._catch: Optional[warnings.catch_warnings] = None
-        self._previous_mode: Any = None
-        self._show: Any = None
-
-    def __enter__(self) -> 'SyncSiteRecorder':
-        if not self._enabled:
-            return self
-        self._catch = warnings.catch_warnings()
-        self._catch.__enter__()
-        warnings.filterwarnings('always', message=self.MESSAGE)  # not once per line
-        self._show = warnings.showwarning
-        warnings.showwarning = self._on_warning
-        self._previous_mode = torch.cuda.get_sync_debug_mode()
-        torch.cuda.set_sync_debug_mode('warn')
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        if not self._enabled:
-            return
-        torch.cuda.set_sync_debug_mode(self._previous_mode)
-        self._catch.__exit__(*exc)
-
-    def _on_warning(self, message: Any, category: Any, filename: str, lineno: int,
-                    file: Any = None, line: Optional[str] = None) -> None:
-        if self.MESSAGE not in str(message):
-            self._show(message, category, filename, lineno, file, line)
-            return
-        self.counts[_innermost_outside_torch(traceback.extract_stack())] += 1
-
-    def sites(self, iters: int) -> List[Dict[str, Any]]:
-        """The ``TOP_K`` call sites, as :func:`call_sites` reports them."""
-        return [dict(site=site, op='synchronizing CUDA operation',
-                     calls_per_iter=n / max(iters, 1))
-                for site, n in self.counts.most_common(TOP_K)]
 
 
 def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:

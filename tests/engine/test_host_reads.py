@@ -1,7 +1,11 @@
-"""HostReadCensus: counts would-be host reads by their Python caller, on a CPU."""
+"""HostReadCensus: would-be host reads by their Python caller, on a CPU;
+SyncSiteRecorder: the real synchronisations of a CUDA run (skipped without CUDA)."""
+import warnings
+
+import pytest
 import torch
 
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.engine.host_reads import HostReadCensus, SyncSiteRecorder
 
 
 def _reads_four_times(x):
@@ -48,3 +52,33 @@ def test_optimizer_step_counters_are_not_reads():
     with HostReadCensus() as census:
         opt.step()
     assert census.total == 0
+
+
+def test_sync_recorder_is_a_no_op_without_cuda():
+    if torch.cuda.is_available():
+        pytest.skip('has CUDA')
+    with pytest.warns(UserWarning, match='passes through'):
+        with SyncSiteRecorder() as rec:
+            _reads_four_times(torch.randn(8))
+            warnings.warn('passes through')
+    assert rec.sites(iters=1) == []
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_sync_recorder_names_the_caller_of_each_host_wait():
+    x = torch.randn(64, device='cuda')
+    mode = torch.cuda.get_sync_debug_mode()
+    with pytest.warns(UserWarning, match='passes through'):  # other warnings still shown
+        with SyncSiteRecorder() as rec:
+            for _ in range(2):
+                _reads_four_times(x)
+            warnings.warn('passes through')
+    assert torch.cuda.get_sync_debug_mode() == mode  # restored
+    sites = rec.sites(iters=2)
+    assert sites[0]['site'].endswith(': _waits_on_the_gpu')
+    assert 'test_host_reads.py' in sites[0]['site']
+    assert sum(s['calls_per_iter'] for s in sites) >= 4  # .item() x 2, if, bool mask
+    assert not any('/torch/' in s['site'] for s in sites)
+    counted = sum(rec.counts.values())
+    x[0].item()  # after the block: not counted
+    assert sum(rec.counts.values()) == counted
