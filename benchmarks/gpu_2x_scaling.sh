@@ -6,6 +6,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh bevfusion   # BEVFusion LiDAR-only 1 -> 2 GPUs
 #   bash benchmarks/gpu_2x_scaling.sh auto_batch  # auto batch size targets + monitor tests
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # 1 -> 2 GPUs + 2 independent 1-GPU runs
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_sync_bn  # 2 GPUs: SyncBN all / scoped / off
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
@@ -81,6 +82,20 @@ pv_rcnn_diag)
     --warmup 1 --warmup-iters ${WARMUP_ITERS:-30} --no-comm-run \
     --profile-steps ${PROFILE_STEPS:-0} --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
     distributed.sync_bn=${SYNC_BN:-allreduce} ${SYNC_BN_SCOPE:+distributed.sync_bn_scope=$SYNC_BN_SCOPE}
+  ;;
+pv_rcnn_sync_bn)
+  kitti
+  # What SyncBN costs at 2 GPUs: the same 2-GPU run with SyncBN on all 59 BatchNorm
+  # layers (as shipped), only in the feature extractors, and off (mmdet3d's own recipe),
+  # back to back on one machine; compare with the 1-GPU row of pv_rcnn_diag.
+  for variant in "allreduce:" "allreduce:[middle_encoder,backbone,neck]" "None:"; do
+    bn=${variant%%:*}; scope=${variant#*:}
+    scaling "sync_bn_${bn}${scope:+_scoped}" ${PV_RCNN_TIMEOUT:-170} \
+      configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 2 --iters ${ITERS:-20} --warmup 1 \
+      --warmup-iters ${WARMUP_ITERS:-30} --no-comm-run --cfg-options \
+      train_dataloader.num_workers=${WORKERS:-2} distributed.sync_bn=$bn \
+      ${scope:+distributed.sync_bn_scope=$scope}
+  done
   ;;
 recheck)
   kitti
