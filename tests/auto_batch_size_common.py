@@ -95,3 +95,12 @@ def build_parts(cfg: Config) -> Tuple[Any, Any, Any]:
 def data_root_for_tests(base: str) -> str:
     os.makedirs(base, exist_ok=True)
     return write_dataset(osp.join(base, 'synthetic_kitti'))
+
+
+def write_demo_config(base: str) -> str:
+    """Synthetic data under ``base/data`` and the demo config on it, dumped to
+    ``base/demo.py`` (work dir ``base/work``) for tools that take a config path."""
+    data_root = data_root_for_tests(osp.join(base, 'data'))
+    config = osp.join(base, 'demo.py')
+    demo_config(data_root, osp.join(base, 'work')).dump(config)
+    return config

@@ -264,14 +264,15 @@ class ProfileHook(Hook):
             torch.cuda.synchronize()
         wall = time.perf_counter() - self._t0
         self._prof.stop()
+        iters = runner.iter + 1 - self.timer._measure_from
+        sites = None  # on CUDA: the recorder's, else the profiler's own
         if self._syncs is not None:
             self._syncs.__exit__(None, None, None)
+            sites, self._syncs = self._syncs.sites(iters), None
         from mmdet3d_scaling.engine.profiling import summarize_profile
-        iters = runner.iter + 1 - self.timer._measure_from
         self.timer.profile = summarize_profile(self._prof, iters, wall)
-        if self._syncs is not None:
-            self.timer.profile['sync_sites'] = self._syncs.sites(iters)
-            self._syncs = None
+        if sites is not None:
+            self.timer.profile['sync_sites'] = sites
         if self.trace_dir:
             from mmengine.dist import get_rank
             os.makedirs(self.trace_dir, exist_ok=True)

@@ -24,7 +24,7 @@ named in ``$MMDET3D_SCALING_SKIP_SHIMS`` (comma-separated module names, e.g.
 | point_ops_cpu       | mmcv 2.1.0                   | FPS, stacked ball query / grouping and       |
 |                     |                              | points_in_boxes_part are CUDA-only: PV-RCNN  |
 |                     |                              | gets PyTorch twins for CPU tensors           |
-| max_iou_assigner    | mmdet 3.x                    | MaxIoUAssigner waits on the GPU once per     |
+| max_iou_assigner    | mmdet 3.3.0                  | MaxIoUAssigner waits on the GPU once per     |
 |                     |                              | ground truth: same result, no host read      |
 """
 import os
@@ -36,25 +36,26 @@ mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
 from . import kitti_eval_cpu, max_iou_assigner, nuscenes_metric, point_ops_cpu  # noqa: E402,E501
 
-_SHIMS = (checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
-          kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner)
+# shims by module name, the name $MMDET3D_SCALING_SKIP_SHIMS uses
+_SHIMS = {shim.__name__.rsplit('.', 1)[-1]: shim for shim in (
+    checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
+    kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner)}
 SKIP_ENV = 'MMDET3D_SCALING_SKIP_SHIMS'
 
 
 def _skipped() -> set:
     """Shims named in $MMDET3D_SCALING_SKIP_SHIMS (comma-separated) stay unapplied."""
     names = {n.strip() for n in os.environ.get(SKIP_ENV, '').split(',') if n.strip()}
-    known = {shim.__name__.rsplit('.', 1)[-1] for shim in _SHIMS}
-    unknown = sorted(names - known)
+    unknown = sorted(names - set(_SHIMS))
     if unknown:
         raise ValueError(f'{SKIP_ENV}={os.environ[SKIP_ENV]!r} names unknown shim(s) '
-                         f'{unknown}; known: {", ".join(sorted(known))}')
+                         f'{unknown}; known: {", ".join(sorted(_SHIMS))}')
     return names
 
 
 _SKIPPED = _skipped()
-for _shim in _SHIMS:
-    if _shim.__name__.rsplit('.', 1)[-1] not in _SKIPPED:
+for _name, _shim in _SHIMS.items():
+    if _name not in _SKIPPED:
         _shim.apply()
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',

@@ -1,4 +1,4 @@
-"""mmdet 3.x: ``MaxIoUAssigner`` makes the CPU wait for the GPU once per ground truth.
+"""mmdet 3.3.0: ``MaxIoUAssigner`` makes the CPU wait for the GPU once per ground truth.
 
 ``MaxIoUAssigner.assign_wrt_overlaps`` (also behind mmdet3d's ``Max3DIoUAssigner``, which
 SECOND, PointPillars, Part-A2 and PV-RCNN use for their anchors and RoIs) matches low
@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-UPSTREAM = 'mmdet 3.x'
+UPSTREAM = 'mmdet 3.3.0'
 
 
 def _low_quality_matches(overlaps: Tensor, gt_max: Tensor, gt_argmax: Tensor,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.auto_batch_size_common import data_root_for_tests, demo_config
+from tests.auto_batch_size_common import write_demo_config
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'benchmark_auto_batch_size.py'
@@ -22,9 +22,7 @@ def _load_tool():
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     base = tmp_path_factory.mktemp('abs_bench')
-    data_root = data_root_for_tests(str(base / 'data'))
-    config = base / 'demo.py'
-    demo_config(data_root, str(base / 'work')).dump(str(config))
+    config = write_demo_config(str(base))
     out = base / 'result.json'
     # modelled device: 44 MiB, 8 MiB a sample on top of the training state
     result = _load_tool().main([

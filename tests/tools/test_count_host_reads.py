@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.auto_batch_size_common import data_root_for_tests, demo_config
+from tests.auto_batch_size_common import write_demo_config
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'analysis' / 'count_host_reads.py'
 ASSIGNER = 'mmdet/models/task_modules/assigners/max_iou_assigner.py'
 
 
-def _count(base: Path, config: Path, name: str, skip: str) -> dict:
+def _count(base: Path, config: str, name: str, skip: str) -> dict:
     out = base / f'{name}.json'
     env = dict(os.environ, MMDET3D_SCALING_SKIP_SHIMS=skip)
     proc = subprocess.run(
@@ -30,9 +30,7 @@ def _count(base: Path, config: Path, name: str, skip: str) -> dict:
 @pytest.fixture(scope='module')
 def counts(tmp_path_factory):
     base = tmp_path_factory.mktemp('host_reads')
-    data_root = data_root_for_tests(str(base / 'data'))
-    config = base / 'demo.py'
-    demo_config(data_root, str(base / 'work')).dump(str(config))
+    config = write_demo_config(str(base))
     return (_count(base, config, 'upstream', 'max_iou_assigner'),
             _count(base, config, 'shimmed', ''))
 
