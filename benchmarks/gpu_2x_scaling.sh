@@ -8,8 +8,9 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_diag  # 1 -> 2 GPUs + 2 independent 1-GPU runs
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_sync_bn  # 2 GPUs: SyncBN all / scoped / off
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_repeats  # 1 -> 2 GPUs, 3 alternating rounds
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
-# WORKERS, ITERS, WARMUP_ITERS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
+# WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
@@ -28,7 +29,7 @@ kitti() {
 scaling() {  # scaling OUTNAME TIMEOUT ARGS...
   local name=$1 limit=$2; shift 2
   echo "== $name: python tools/benchmark_scaling.py $*"
-  timeout "$limit" python tools/benchmark_scaling.py "$@" --out "$RES/$name" 2>&1 | tail -12
+  timeout "$limit" python tools/benchmark_scaling.py "$@" --out "$RES/$name" 2>&1 | tail -20
   echo "== $name exit ${PIPESTATUS[0]}"
   # keep what comes back small: results + the tail of each run's log, packed into one
   # file after every call (the device returns at most 8 files)
@@ -96,6 +97,16 @@ pv_rcnn_sync_bn)
       train_dataloader.num_workers=${WORKERS:-2} distributed.sync_bn=$bn \
       ${scope:+distributed.sync_bn_scope=$scope}
   done
+  ;;
+pv_rcnn_repeats)
+  kitti
+  # PV-RCNN as shipped, 1 -> 2 GPUs, in REPEATS rounds of alternating order (1,2 / 2,1 /
+  # 1,2): single runs of the same config a minute apart differ by up to 10 % here, so
+  # the efficiency is read from the median runs and from each round's own pair.
+  scaling repeats ${PV_RCNN_TIMEOUT:-540} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --nproc 1,2 --repeats ${REPEATS:-3} --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
 recheck)
   kitti

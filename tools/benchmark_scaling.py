@@ -31,6 +31,12 @@ machine; ``ceiling efficiency`` = that sum / (N x the 1-GPU rate) and ``DDP cost
 1 - (N-GPU rate / that sum) separate what sharing the machine costs from what
 distributed training costs (third table in ``scaling.md``).
 
+Repeats (``--repeats R``): the timed runs of every process count R times, in rounds
+whose order alternates (1,2 / 2,1 / ...), because a shared machine's speed drifts by
+several per cent between runs a minute apart. The main table shows each count's median
+run; a second table lists every round's samples/s and its efficiency against the same
+round's 1-GPU run. Profile, independent and stock runs are made once, after the rounds.
+
 Comparison mode (``--compare-stock STOCK_CONFIG``): the same model through stock mmdet3d
 (its own config, the plugin not imported) against the plugin config, same dataset and
 pipeline (taken from the plugin config, ``--cfg-options`` applied) and the same effective
@@ -681,6 +687,66 @@ def _check_devices(args: argparse.Namespace) -> None:
                          '--devices cpu (gloo) for a functional test.')
 
 
+def _measure(base: Dict[str, Any], label: str, n: int, args: argparse.Namespace,
+             tag: str = '') -> Optional[Dict[str, Any]]:
+    """One timed run at n processes (plus its comm-off twin): a table row, or None."""
+    modes = ['on'] + (['off'] if args.comm_run and n * args.nnodes > 1 else [])
+    measured: Dict[str, Dict[str, Any]] = {}
+    for comm in modes:
+        work = os.path.join(args.out, f'{label}_n{n}_comm-{comm}{tag}')
+        spec = dict(base, label=label, comm=comm, work_dir=work,
+                    result=os.path.join(work, 'result.json'))
+        raw = _launch(spec, n, args)
+        if raw:
+            measured[comm] = summarise(raw, args.epoch_samples)
+    if not measured:
+        return None
+    row = dict(measured['on'], label=label, config=args.config)
+    if 'off' in measured:
+        row['comm_step_s'] = max(0.0, row['step_s'] - measured['off']['step_s'])
+        row['no_comm_step_s'] = measured['off']['step_s']
+        row['comm_share'] = row['comm_step_s'] / row['step_s']
+    elif row['world_size'] == 1:
+        row['comm_step_s'] = 0.0
+    return row
+
+
+def round_order(nproc: List[int], round_index: int) -> List[int]:
+    """Process counts of one round: ascending, then descending (1,2 / 2,1 / 1,2 ...), so
+    that a drift of the machine's speed during the rounds favours no count."""
+    return list(nproc) if round_index % 2 == 0 else list(reversed(nproc))
+
+
+def median_row(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """The run of median samples/s (the lower one of an even count), with every run's
+    rate and comm time under ``repeats``."""
+    ordered = sorted(runs, key=lambda r: r['samples_per_s'])
+    row = dict(ordered[(len(ordered) - 1) // 2])
+    row['repeats'] = dict(samples_per_s=[r['samples_per_s'] for r in runs],
+                          step_s=[r['step_s'] for r in runs])
+    comm = sorted(r['comm_step_s'] for r in runs if r.get('comm_step_s') is not None)
+    if len(runs) > 1 and comm:
+        row['comm_step_s'] = comm[(len(comm) - 1) // 2]
+        row['comm_share'] = row['comm_step_s'] / row['step_s']
+    return row
+
+
+def add_round_efficiency(rows: List[Dict[str, Any]]) -> None:
+    """Efficiency of each round (its N-GPU run against its own 1-GPU run) and the median
+    of those, on rows measured more than once."""
+    base = min(rows, key=lambda r: r['world_size'])
+    base_rates = base.get('repeats', {}).get('samples_per_s', [])
+    if len(base_rates) < 2:
+        return
+    for row in rows:
+        n = row['world_size'] / base['world_size']
+        per_round = [rate / (n * one) for rate, one in
+                     zip(row['repeats']['samples_per_s'], base_rates)]
+        row['repeats']['efficiency'] = per_round
+        ordered = sorted(per_round)
+        row['repeats']['efficiency_median'] = ordered[(len(ordered) - 1) // 2]
+
+
 def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     _check_devices(args)
     os.makedirs(args.out, exist_ok=True)
@@ -689,26 +755,18 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
                 warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
                 plugin=True,
                 gpu_monitor=not args.no_gpu_monitor)
+    runs: Dict[int, List[Dict[str, Any]]] = {}
+    for r in range(args.repeats):
+        tag = f'_r{r + 1}' if args.repeats > 1 else ''
+        for n in round_order(args.nproc, r):
+            row = _measure(base, label, n, args, tag)
+            if row is not None:
+                runs.setdefault(n, []).append(row)
     rows: List[Dict[str, Any]] = []
-    for n in args.nproc:
-        modes = ['on'] + (['off'] if args.comm_run and n * args.nnodes > 1 else [])
-        measured: Dict[str, Dict[str, Any]] = {}
-        for comm in modes:
-            work = os.path.join(args.out, f'{label}_n{n}_comm-{comm}')
-            spec = dict(base, label=label, comm=comm, work_dir=work,
-                        result=os.path.join(work, 'result.json'))
-            raw = _launch(spec, n, args)
-            if raw:
-                measured[comm] = summarise(raw, args.epoch_samples)
-        if not measured:
+    for n in args.nproc:  # profile / independent runs once, after the timed rounds
+        if n not in runs:
             continue
-        row = dict(measured['on'], label=label, config=args.config)
-        if 'off' in measured:
-            row['comm_step_s'] = max(0.0, row['step_s'] - measured['off']['step_s'])
-            row['no_comm_step_s'] = measured['off']['step_s']
-            row['comm_share'] = row['comm_step_s'] / row['step_s']
-        elif row['world_size'] == 1:
-            row['comm_step_s'] = 0.0
+        row = median_row(runs[n])
         if args.profile_steps:
             row['profile'] = _profile_run(base, label, n, args)
         if args.independent and n > 1:
@@ -717,6 +775,7 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     if args.node_rank != 0:
         return {}
     add_scaling(rows)
+    add_round_efficiency(rows)
     for row in rows:
         raws = row.pop('independent_raw', None)
         if raws:  # parse_args made sure a 1-process row exists
@@ -727,7 +786,7 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
         rows += _compare(args, rows)
     result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
                   nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
-                  warmup_iters=args.warmup_iters,
+                  warmup_iters=args.warmup_iters, repeats=args.repeats,
                   steps=args.iters, command=' '.join(sys.argv), rows=rows,
                   created=time.strftime('%Y-%m-%d %H:%M:%S'))
     _write_outputs(result, args.out)
@@ -777,6 +836,32 @@ def independent_table(result: Dict[str, Any]) -> str:
     lines.append('independent runs: one single-GPU run per GPU at the same time, no process '
                  'group; ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing '
                  'the machine leaves; DDP cost: 1 - distributed / independent sum.')
+    return '\n'.join(lines)
+
+
+def repeats_table(result: Dict[str, Any]) -> str:
+    """Every round's samples/s and efficiency, when the runs were repeated."""
+    rows = [r for r in result['rows'] if len(r.get('repeats', {}).get('samples_per_s', [])) > 1]
+    if not rows:
+        return ''
+    head = ('| config | GPUs | samples/s per round | median (min-max) | efficiency per round '
+            '| median of rounds | efficiency of medians |')
+    lines = _table_head(head)
+    for row in rows:
+        rep = row['repeats']
+        rates = rep['samples_per_s']
+        effs = rep.get('efficiency')
+        lines.append(
+            f"| {row['label']} | {row['world_size']} "
+            f"| {', '.join(f'{v:.2f}' for v in rates)} "
+            f"| {row['samples_per_s']:.2f} ({min(rates):.2f}-{max(rates):.2f}) "
+            f"| {', '.join(f'{v:.2f}' for v in effs) if effs else '-'} "
+            f"| {_fmt(rep.get('efficiency_median'), '{:.2f}')} "
+            f"| {_fmt(row.get('efficiency'), '{:.2f}')} |")
+    lines.append('')
+    lines.append(f"{result.get('repeats', 1)} rounds, process counts in alternating order "
+                 '(1,2 then 2,1 ...); the main table shows the median run of each count; '
+                 'efficiency per round: that round\'s N-GPU run against its own 1-GPU run.')
     return '\n'.join(lines)
 
 
@@ -861,7 +946,8 @@ def _write_outputs(result: Dict[str, Any], out: str) -> None:
     with open(os.path.join(out, 'scaling.json'), 'w') as f:
         json.dump(result, f, indent=1)
     table = markdown_table(result)
-    for extra in (profile_table(result), independent_table(result)):
+    for extra in (repeats_table(result), profile_table(result),
+                  independent_table(result)):
         if extra:
             table += '\n\n' + extra
     with open(os.path.join(out, 'scaling.md'), 'w') as f:
@@ -888,6 +974,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--out', default='work_dirs/benchmark_scaling', help='output folder')
     p.add_argument('--no-comm-run', dest='comm_run', action='store_false',
                    help='skip the second run per N with DDP communication disabled')
+    p.add_argument('--repeats', type=int, default=1,
+                   help='measure every process count this many times, in rounds of '
+                        'alternating order; the table shows the median run and a second '
+                        'table every round (default 1)')
     p.add_argument('--independent', action='store_true',
                    help='for each N > 1, also N single-GPU runs at once without a process '
                         'group: the no-communication ceiling on this machine')
@@ -915,7 +1005,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
     args = p.parse_args(argv)
     for name, least in (('iters', 1), ('warmup', 0), ('warmup_iters', 0),
-                        ('profile_steps', 0)):
+                        ('profile_steps', 0), ('repeats', 1)):
         if getattr(args, name) < least:
             p.error(f'--{name.replace("_", "-")} must be >= {least}, '
                     f'got {getattr(args, name)}')

@@ -315,3 +315,45 @@ def test_warmup_iters_and_step_times(tmp_path, data_root):
     row = json.loads((out / 'scaling.json').read_text())['rows'][0]
     assert row['step_s_quantiles']['max'] == max(steps)
     assert ' / ' in (out / 'scaling.md').read_text().splitlines()[2].split('|')[5]
+
+
+def test_repeats_alternate_the_order_and_report_the_median(tmp_path, data_root):
+    """--repeats 2: rounds 1,2 then 2,1; the table row is the lower-median run of each
+    count and every round's efficiency is its 2-process run against its own 1-process
+    run."""
+    out = tmp_path / 'rep'
+    proc = run_tool(out, data_root, '--nproc', '1,2', '--repeats', '2', '--no-comm-run')
+    started = [int(line.split(': ')[1].split(' process')[0]) for line in
+               proc.stdout.splitlines() if 'process(es) x 1 node(s)' in line]
+    assert started == [1, 2, 2, 1]
+    rates = {n: [_throughput(_raw_tagged(out, n, r)) for r in (1, 2)] for n in (1, 2)}
+    result = json.loads((out / 'scaling.json').read_text())
+    assert result['repeats'] == 2
+    one, two = result['rows']
+    for row, n in ((one, 1), (two, 2)):
+        assert row['repeats']['samples_per_s'] == pytest.approx(rates[n])
+        assert row['samples_per_s'] == pytest.approx(min(rates[n]))  # lower median of 2
+    expected = [rates[2][r] / (2 * rates[1][r]) for r in (0, 1)]
+    assert two['repeats']['efficiency'] == pytest.approx(expected)
+    assert two['repeats']['efficiency_median'] == pytest.approx(min(expected))
+    assert two['efficiency'] == pytest.approx(min(rates[2]) / (2 * min(rates[1])))
+    table = (out / 'scaling.md').read_text()
+    assert 'efficiency per round' in table and f'{expected[0]:.2f}' in table
+
+
+def _raw_tagged(out: Path, n: int, round_number: int) -> dict:
+    with open(out / f'{LABEL}_n{n}_comm-on_r{round_number}' / 'result.json') as f:
+        return json.load(f)
+
+
+def test_median_row_and_round_order():
+    tool = _load_tool()
+    runs = [dict(samples_per_s=v, step_s=16 / v, comm_step_s=c, world_size=2)
+            for v, c in ((10.0, 0.3), (12.0, 0.1), (11.0, 0.2))]
+    row = tool.median_row(runs)
+    assert row['samples_per_s'] == 11.0 and row['repeats']['samples_per_s'] == [10, 12, 11]
+    assert row['comm_step_s'] == 0.2 and row['comm_share'] == pytest.approx(0.2 / (16 / 11))
+    assert tool.round_order([1, 2, 4], 0) == [1, 2, 4]
+    assert tool.round_order([1, 2, 4], 1) == [4, 2, 1]
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(CONFIG), '--repeats', '0'])
