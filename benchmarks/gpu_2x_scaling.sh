@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_sync_bn  # 2 GPUs: SyncBN all / scoped / off
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_repeats  # 1 -> 2 GPUs, 3 alternating rounds
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_split    # 1, DDP world of one, 2, 2 independent
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
@@ -105,6 +106,16 @@ pv_rcnn_repeats)
   # the efficiency is read from the median runs and from each round's own pair.
   scaling repeats ${PV_RCNN_TIMEOUT:-540} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc 1,2 --repeats ${REPEATS:-3} --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  ;;
+pv_rcnn_split)
+  kitti
+  # Where a 2-GPU rank loses its ~20 % against one process (fifth session): the plain
+  # 1-GPU run, the same as a DDP world of one (the distributed code path alone), the
+  # 2-GPU DDP run and two independent 1-GPU runs at once (sharing the machine alone).
+  scaling split ${PV_RCNN_TIMEOUT:-540} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --nproc 1,2 --ddp-one --independent --iters ${ITERS:-12} --warmup 1 \
     --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;

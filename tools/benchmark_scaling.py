@@ -31,6 +31,12 @@ machine; ``ceiling efficiency`` = that sum / (N x the 1-GPU rate) and ``DDP cost
 1 - (N-GPU rate / that sum) separate what sharing the machine costs from what
 distributed training costs (third table in ``scaling.md``).
 
+DDP world of one (``--ddp-one``): the 1-process case once more through torchrun as a
+distributed run of one process (process group, DDP wrapper, SyncBN conversion): what
+the distributed code path costs by itself. With ``--independent`` it splits the N-GPU
+run's loss into that cost, what sharing the machine costs, and the rest (waiting for
+the other ranks).
+
 Repeats (``--repeats R``): the timed runs of every process count R times, in rounds
 whose order alternates (1,2 / 2,1 / ...), because a shared machine's speed drifts by
 several per cent between runs a minute apart. The main table shows each count's median
@@ -386,7 +392,8 @@ def run_worker(spec_path: str) -> None:
     if spec['plugin'] and spec.get('cfg_options'):
         cfg.merge_from_dict(spec['cfg_options'])
     _bench_overrides(cfg, spec)
-    distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1
+    # a DDP world of one (--ddp-one) runs the distributed code path in one process
+    distributed = int(os.environ.get('WORLD_SIZE', '1')) > 1 or spec.get('ddp_one', False)
     cfg.launcher = 'pytorch' if distributed else 'none'
     runner = Runner.from_cfg(cfg)
     timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'],
@@ -429,7 +436,7 @@ def _prepare_run(spec: Dict[str, Any], nproc: int,
 def _launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[str, Any]:
     """One training run in fresh processes; returns rank 0's result JSON."""
     me, env = _prepare_run(spec, nproc, args)
-    if nproc == 1 and args.nnodes == 1:
+    if nproc == 1 and args.nnodes == 1 and not spec.get('ddp_one'):
         cmd = me
     else:
         port = args.master_port or _free_port()
@@ -771,6 +778,9 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
             row['profile'] = _profile_run(base, label, n, args)
         if args.independent and n > 1:
             row['independent_raw'] = _launch_independent(base, label, n, args)
+        if args.ddp_one and n == 1:
+            one = _ddp_one_run(base, label, args)
+            row['ddp_one'] = dict(one, cost=1.0 - one['samples_per_s'] / row['samples_per_s'])
         rows.append(row)
     if args.node_rank != 0:
         return {}
@@ -814,6 +824,36 @@ def _profile_run(base: Dict[str, Any], label: str, n: int,
     raw = _launch(spec, n, args)
     return [dict(r['profile'], rank=r['rank']) for r in raw.get('ranks', [])
             if 'profile' in r]
+
+
+def _ddp_one_run(base: Dict[str, Any], label: str,
+                 args: argparse.Namespace) -> Dict[str, Any]:
+    """One process through torchrun as a DDP world of one: process group, DDP wrapper
+    and SyncBN conversion as in the N-GPU runs, but no second GPU to share the machine
+    with or wait for."""
+    work = os.path.join(args.out, f'{label}_n1_ddp-one')
+    spec = dict(base, label=label, comm='on', work_dir=work, ddp_one=True,
+                result=os.path.join(work, 'result.json'))
+    return summarise(_launch(spec, 1, args), args.epoch_samples)
+
+
+def ddp_one_table(result: Dict[str, Any]) -> str:
+    """The 1-process run against the same process as a DDP world of one."""
+    rows = [r for r in result['rows'] if r.get('ddp_one')]
+    if not rows:
+        return ''
+    head = ('| config | samples/s (1 process) | samples/s (DDP world of one) '
+            '| distributed code path cost |')
+    lines = _table_head(head)
+    for row in rows:
+        one = row['ddp_one']
+        lines.append(f"| {row['label']} | {row['samples_per_s']:.2f} "
+                     f"| {one['samples_per_s']:.2f} | {one['cost']:.1%} |")
+    lines.append('')
+    lines.append('DDP world of one: the 1-GPU run started through torchrun with a process '
+                 'group, the DDP wrapper and SyncBN as configured; cost: 1 - its samples/s '
+                 '/ the plain 1-process samples/s.')
+    return '\n'.join(lines)
 
 
 def independent_table(result: Dict[str, Any]) -> str:
@@ -947,7 +987,7 @@ def _write_outputs(result: Dict[str, Any], out: str) -> None:
         json.dump(result, f, indent=1)
     table = markdown_table(result)
     for extra in (repeats_table(result), profile_table(result),
-                  independent_table(result)):
+                  independent_table(result), ddp_one_table(result)):
         if extra:
             table += '\n\n' + extra
     with open(os.path.join(out, 'scaling.md'), 'w') as f:
@@ -981,6 +1021,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--independent', action='store_true',
                    help='for each N > 1, also N single-GPU runs at once without a process '
                         'group: the no-communication ceiling on this machine')
+    p.add_argument('--ddp-one', action='store_true',
+                   help='also run the 1-process case as a DDP world of one (torchrun, '
+                        'process group, DDP wrapper, SyncBN): the distributed code path\'s '
+                        'cost without a second GPU')
     p.add_argument('--no-gpu-monitor', action='store_true',
                    help='do not add GPUMonitorHook (it all-gathers a few floats a report)')
     p.add_argument('--epoch-samples', type=int, default=None,
@@ -1012,6 +1056,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.independent and (args.nnodes > 1 or 1 not in args.nproc):
         p.error('--independent compares N single-GPU runs of one machine with its 1-GPU '
                 f'run: it needs --nnodes 1 (got {args.nnodes}) and 1 in --nproc '
+                f'(got {",".join(map(str, args.nproc))})')
+    if args.ddp_one and (args.nnodes > 1 or 1 not in args.nproc):
+        p.error('--ddp-one runs the 1-process case a second time as a DDP world of one: '
+                f'it needs --nnodes 1 (got {args.nnodes}) and 1 in --nproc '
                 f'(got {",".join(map(str, args.nproc))})')
     if args.nnodes > 1 and args.master_port is None:
         p.error('--nnodes > 1 needs --master-port (the same on every node)')

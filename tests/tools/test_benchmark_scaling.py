@@ -357,3 +357,22 @@ def test_median_row_and_round_order():
     assert tool.round_order([1, 2, 4], 1) == [4, 2, 1]
     with pytest.raises(SystemExit):
         tool.parse_args([str(CONFIG), '--repeats', '0'])
+
+
+def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
+    """--ddp-one: the 1-process case again through torchrun as a distributed run of one
+    process (gloo here), wrapped in the plugin's DDP wrapper; its cost in the table."""
+    out = tmp_path / 'one'
+    run_tool(out, data_root, '--nproc', '1', '--ddp-one', '--no-comm-run')
+    log = (out / f'{LABEL}_n1_ddp-one' / 'run.log').read_text()
+    assert "launcher: pytorch" in log and 'ScalingDistributedDataParallel' in log
+    plain = (out / f'{LABEL}_n1_comm-on' / 'run.log').read_text()
+    assert "launcher: none" in plain
+    row = json.loads((out / 'scaling.json').read_text())['rows'][0]
+    one = row['ddp_one']
+    assert one['world_size'] == 1
+    assert one['cost'] == pytest.approx(1 - one['samples_per_s'] / row['samples_per_s'])
+    assert 'DDP world of one' in (out / 'scaling.md').read_text()
+    tool = _load_tool()
+    with pytest.raises(SystemExit):
+        tool.parse_args([str(CONFIG), '--nproc', '2', '--ddp-one'])
