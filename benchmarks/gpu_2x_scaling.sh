@@ -21,6 +21,9 @@ nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.t
 python -c "import os; print('cpus usable:', len(os.sched_getaffinity(0)), 'of', os.cpu_count())" \
   | tee -a "$OUT/gpu.txt"
 cat /sys/fs/cgroup/cpu.max 2>/dev/null | sed 's/^/cgroup cpu.max: /' | tee -a "$OUT/gpu.txt"
+# CPU topology (hyperthread siblings, NUMA) and GPU-CPU affinity, for the host-bound runs
+{ lscpu 2>/dev/null | grep -E "^(Thread|Core|Socket|NUMA)" ; nvidia-smi topo -m 2>/dev/null; } \
+  >> "$OUT/gpu.txt"
 
 kitti() {
   [ -f data/synthetic_kitti/kitti_infos_train.pkl ] || python tools/create_synthetic_data.py \
@@ -114,8 +117,13 @@ pv_rcnn_split)
   # Where a 2-GPU rank loses its ~20 % against one process (fifth session): the plain
   # 1-GPU run, the same as a DDP world of one (the distributed code path alone), the
   # 2-GPU DDP run and two independent 1-GPU runs at once (sharing the machine alone).
-  scaling split ${PV_RCNN_TIMEOUT:-540} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+  # Then the plain 1-GPU run with torchrun's one intra-op thread (OMP_NUM_THREADS=1).
+  scaling split ${PV_RCNN_TIMEOUT:-450} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc 1,2 --ddp-one --independent --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  OMP_NUM_THREADS=1 scaling split_omp1 ${OMP1_TIMEOUT:-120} \
+    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
     --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;

@@ -84,6 +84,23 @@ RESULT_VERSION = 1
 
 
 # ------------------------------------------------------------------------ worker side
+def host_facts() -> Dict[str, Any]:
+    """What this process's main thread runs on: the CPUs it may use (a library that
+    narrows the thread's affinity shows here), torch's intra-op threads and the
+    process's thread count."""
+    import torch
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count()
+    try:
+        threads: Optional[int] = len(os.listdir('/proc/self/task'))
+    except OSError:
+        threads = None
+    return dict(cpus_allowed=cpus, intra_op_threads=torch.get_num_threads(),
+                process_threads=threads, omp_num_threads=os.environ.get('OMP_NUM_THREADS'))
+
+
 class BenchmarkTimerHook(Hook):
     """Times the measured window of a benchmark run and gathers per-rank figures.
 
@@ -121,6 +138,7 @@ class BenchmarkTimerHook(Hook):
         self._cuda = False
         self.peak_mb = 0.0  # raised by PeakMemoryHook (the logger resets CUDA's counter)
         self.profile: Optional[Dict[str, Any]] = None  # set by ProfileHook
+        self._host_start: Dict[str, Any] = {}
 
     def before_train(self, runner) -> None:
         import torch
@@ -142,6 +160,7 @@ class BenchmarkTimerHook(Hook):
             model.register_comm_hook(state=None, hook=_noop_allreduce)
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(param.device)
+        self._host_start = host_facts()
 
     def _now(self) -> float:
         if self._cuda:
@@ -189,6 +208,7 @@ class BenchmarkTimerHook(Hook):
                                                           self._step_ends[1:])],
             peak_mem_mb=(max(self.peak_mb, torch.cuda.max_memory_allocated() / 2**20)
                          if self._cuda else None),
+            host=dict(host_facts(), cpus_allowed_at_start=self._host_start['cpus_allowed']),
         )
         if self.profile is not None:
             mine['profile'] = self.profile
@@ -569,6 +589,7 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
                     peak_mem_mb_min=min(mems) if mems else None,
                     peak_mem_mb_max=max(mems) if mems else None),
         step_s_quantiles=_quantiles(steps_s),
+        host=[r.get('host') for r in ranks],
         gpu_monitor=raw.get('gpu_monitor', {}),
         device=raw['device'],
         exit_code=raw.get('exit_code', 0),  # non-zero: died while exiting (warned)
@@ -639,6 +660,15 @@ def markdown_table(result: Dict[str, Any]) -> str:
                  'time/step: one optimizer step of the effective batch (mean; p50 / p90: '
                  'median and 90th percentile of single steps, rank 0); comm: step time '
                  'minus the step time of a run with DDP all-reduce replaced by a no-op.')
+    hosts = [f"{row['world_size']} GPU(s): " + ', '.join(
+        f"{h['cpus_allowed_at_start']}->{h['cpus_allowed']} CPUs / {h['intra_op_threads']} "
+        f"intra-op / {h['process_threads']} threads" for h in row.get('host') or [] if h)
+        for row in result['rows'] if any(row.get('host') or [])]
+    if hosts:
+        lines.append('')
+        lines.append('Main thread per rank (CPUs it may use at the start -> at the end / '
+                     "torch's intra-op threads / the process's threads): "
+                     + '; '.join(hosts) + '.')
     return '\n'.join(lines)
 
 

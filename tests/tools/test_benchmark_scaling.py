@@ -126,6 +126,12 @@ def test_figures_come_from_the_measured_runs(bench):
         assert row['peak_mem_mb'] is None  # CPU: no CUDA allocator figures
         spread = row['spread']
         assert spread['samples_per_s_min'] <= spread['samples_per_s_max']
+        # each rank's main thread: CPUs it may use, torch's threads, the process's threads
+        assert len(row['host']) == n
+        assert all(h['cpus_allowed'] >= 1 and h['cpus_allowed_at_start'] >= 1
+                   and h['intra_op_threads'] >= 1 and h['process_threads'] >= 1
+                   for h in row['host'])
+    assert 'CPUs / ' in (out / 'scaling.md').read_text()
     expected = _throughput(raw2) / (2 * _throughput(raw1))
     assert rows[2]['efficiency'] == pytest.approx(expected)
     assert rows[2]['speedup'] == pytest.approx(2 * expected)
