@@ -72,7 +72,7 @@ import platform
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as torch_dist
@@ -867,72 +867,71 @@ def _ddp_one_run(base: Dict[str, Any], label: str,
     return summarise(_launch(spec, 1, args), args.epoch_samples)
 
 
-def ddp_one_table(result: Dict[str, Any]) -> str:
-    """The 1-process run against the same process as a DDP world of one."""
-    rows = [r for r in result['rows'] if r.get('ddp_one')]
+def _side_table(result: Dict[str, Any], has: Callable[[Dict[str, Any]], Any], head: str,
+                line: Callable[[Dict[str, Any]], str], note: str) -> str:
+    """A table of the rows for which ``has(row)`` holds, one ``line(row)`` each, with a
+    note under it; '' when no row has it."""
+    rows = [r for r in result['rows'] if has(r)]
     if not rows:
         return ''
-    head = ('| config | samples/s (1 process) | samples/s (DDP world of one) '
-            '| distributed code path cost |')
-    lines = _table_head(head)
-    for row in rows:
-        one = row['ddp_one']
-        lines.append(f"| {row['label']} | {row['samples_per_s']:.2f} "
-                     f"| {one['samples_per_s']:.2f} | {one['cost']:.1%} |")
-    lines.append('')
-    lines.append('DDP world of one: the 1-GPU run started through torchrun with a process '
-                 'group, the DDP wrapper and SyncBN as configured; cost: 1 - its samples/s '
-                 '/ the plain 1-process samples/s.')
-    return '\n'.join(lines)
+    return '\n'.join(_table_head(head) + [line(r) for r in rows] + ['', note])
 
 
-def independent_table(result: Dict[str, Any]) -> str:
-    """N-GPU runs against N independent single-GPU runs on the same machine."""
-    rows = [r for r in result['rows'] if r.get('independent')]
-    if not rows:
-        return ''
-    head = ('| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
-            '| per run | efficiency | ceiling efficiency | DDP cost |')
-    lines = _table_head(head)
-    for row in rows:
-        ind = row['independent']
-        lines.append(
-            f"| {row['label']} | {row['world_size']} | {row['samples_per_s']:.2f} "
-            f"| {ind['samples_per_s']:.2f} "
-            f"| {', '.join(f'{v:.2f}' for v in ind['samples_per_s_per_run'])} "
-            f"| {_fmt(row.get('efficiency'), '{:.2f}')} | {ind['ceiling_efficiency']:.2f} "
-            f"| {ind['ddp_cost']:.1%} |")
-    lines.append('')
-    lines.append('independent runs: one single-GPU run per GPU at the same time, no process '
-                 'group; ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing '
-                 'the machine leaves; DDP cost: 1 - distributed / independent sum.')
-    return '\n'.join(lines)
+def _floats(values: List[float]) -> str:
+    return ', '.join(f'{v:.2f}' for v in values)
+
+
+def _repeats_line(row: Dict[str, Any]) -> str:
+    rep = row['repeats']
+    rates, effs = rep['samples_per_s'], rep.get('efficiency')
+    return (f"| {row['label']} | {row['world_size']} | {_floats(rates)} "
+            f"| {row['samples_per_s']:.2f} ({min(rates):.2f}-{max(rates):.2f}) "
+            f"| {_floats(effs) if effs else '-'} "
+            f"| {_fmt(rep.get('efficiency_median'), '{:.2f}')} "
+            f"| {_fmt(row.get('efficiency'), '{:.2f}')} |")
 
 
 def repeats_table(result: Dict[str, Any]) -> str:
     """Every round's samples/s and efficiency, when the runs were repeated."""
-    rows = [r for r in result['rows'] if len(r.get('repeats', {}).get('samples_per_s', [])) > 1]
-    if not rows:
-        return ''
-    head = ('| config | GPUs | samples/s per round | median (min-max) | efficiency per round '
-            '| median of rounds | efficiency of medians |')
-    lines = _table_head(head)
-    for row in rows:
-        rep = row['repeats']
-        rates = rep['samples_per_s']
-        effs = rep.get('efficiency')
-        lines.append(
-            f"| {row['label']} | {row['world_size']} "
-            f"| {', '.join(f'{v:.2f}' for v in rates)} "
-            f"| {row['samples_per_s']:.2f} ({min(rates):.2f}-{max(rates):.2f}) "
-            f"| {', '.join(f'{v:.2f}' for v in effs) if effs else '-'} "
-            f"| {_fmt(rep.get('efficiency_median'), '{:.2f}')} "
-            f"| {_fmt(row.get('efficiency'), '{:.2f}')} |")
-    lines.append('')
-    lines.append(f"{result.get('repeats', 1)} rounds, process counts in alternating order "
-                 '(1,2 then 2,1 ...); the main table shows the median run of each count; '
-                 'efficiency per round: that round\'s N-GPU run against its own 1-GPU run.')
-    return '\n'.join(lines)
+    return _side_table(
+        result, lambda r: len(r.get('repeats', {}).get('samples_per_s', [])) > 1,
+        '| config | GPUs | samples/s per round | median (min-max) | efficiency per round '
+        '| median of rounds | efficiency of medians |', _repeats_line,
+        f"{result.get('repeats', 1)} rounds, process counts in alternating order (1,2 then "
+        '2,1 ...); the main table shows the median run of each count; efficiency per '
+        "round: that round's N-GPU run against its own 1-GPU run.")
+
+
+def independent_table(result: Dict[str, Any]) -> str:
+    """N-GPU runs against N independent single-GPU runs on the same machine."""
+    def line(row: Dict[str, Any]) -> str:
+        ind = row['independent']
+        return (f"| {row['label']} | {row['world_size']} | {row['samples_per_s']:.2f} "
+                f"| {ind['samples_per_s']:.2f} | {_floats(ind['samples_per_s_per_run'])} "
+                f"| {_fmt(row.get('efficiency'), '{:.2f}')} "
+                f"| {ind['ceiling_efficiency']:.2f} | {ind['ddp_cost']:.1%} |")
+    return _side_table(
+        result, lambda r: r.get('independent'),
+        '| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
+        '| per run | efficiency | ceiling efficiency | DDP cost |', line,
+        'independent runs: one single-GPU run per GPU at the same time, no process group; '
+        'ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing the machine '
+        'leaves; DDP cost: 1 - distributed / independent sum.')
+
+
+def ddp_one_table(result: Dict[str, Any]) -> str:
+    """The 1-process run against the same process as a DDP world of one."""
+    def line(row: Dict[str, Any]) -> str:
+        one = row['ddp_one']
+        return (f"| {row['label']} | {row['samples_per_s']:.2f} "
+                f"| {one['samples_per_s']:.2f} | {one['cost']:.1%} |")
+    return _side_table(
+        result, lambda r: r.get('ddp_one'),
+        '| config | samples/s (1 process) | samples/s (DDP world of one) '
+        '| distributed code path cost |', line,
+        'DDP world of one: the 1-GPU run started through torchrun with a process group, '
+        'the DDP wrapper and SyncBN as configured; cost: 1 - its samples/s / the plain '
+        '1-process samples/s.')
 
 
 def profile_table(result: Dict[str, Any]) -> str:

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from ._patch import replace_method
+
 UPSTREAM = 'mmengine 0.10.x'
 
 
@@ -54,9 +56,4 @@ def getitem(self, item: Any):
 
 def apply() -> bool:
     from mmengine.structures import InstanceData
-    current = InstanceData.__getitem__
-    if current is getitem:
-        return True
-    getitem.original = current
-    InstanceData.__getitem__ = getitem
-    return True
+    return replace_method(InstanceData, '__getitem__', getitem)

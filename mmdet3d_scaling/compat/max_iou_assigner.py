@@ -21,6 +21,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._patch import replace_method
+
 UPSTREAM = 'mmdet 3.3.0'
 
 
@@ -70,9 +72,4 @@ def assign_wrt_overlaps(self, overlaps: Tensor, gt_labels: Optional[Tensor]):
 
 def apply() -> bool:
     from mmdet.models.task_modules.assigners import MaxIoUAssigner
-    current = MaxIoUAssigner.assign_wrt_overlaps
-    if current is assign_wrt_overlaps:
-        return True
-    assign_wrt_overlaps.original = current
-    MaxIoUAssigner.assign_wrt_overlaps = assign_wrt_overlaps
-    return True
+    return replace_method(MaxIoUAssigner, 'assign_wrt_overlaps', assign_wrt_overlaps)
