@@ -545,6 +545,7 @@ def summarise_independent(raws: List[Dict[str, Any]], ddp_rate: float,
     rates = [r['ranks'][0]['samples'] / r['ranks'][0]['seconds'] for r in raws]
     total = sum(rates)
     return dict(runs=len(rates), samples_per_s=total, samples_per_s_per_run=rates,
+                host=[r['ranks'][0].get('host') for r in raws],
                 ceiling_efficiency=total / (len(rates) * base_rate),
                 ddp_cost=1.0 - ddp_rate / total)
 
@@ -660,16 +661,21 @@ def markdown_table(result: Dict[str, Any]) -> str:
                  'time/step: one optimizer step of the effective batch (mean; p50 / p90: '
                  'median and 90th percentile of single steps, rank 0); comm: step time '
                  'minus the step time of a run with DDP all-reduce replaced by a no-op.')
-    hosts = [f"{row['world_size']} GPU(s): " + ', '.join(
-        f"{h['cpus_allowed_at_start']}->{h['cpus_allowed']} CPUs / {h['intra_op_threads']} "
-        f"intra-op / {h['process_threads']} threads" for h in row.get('host') or [] if h)
-        for row in result['rows'] if any(row.get('host') or [])]
+    hosts = [f"{row['world_size']} GPU(s): " + _hosts_text(row.get('host'))
+             for row in result['rows'] if any(row.get('host') or [])]
     if hosts:
         lines.append('')
         lines.append('Main thread per rank (CPUs it may use at the start -> at the end / '
                      "torch's intra-op threads / the process's threads): "
                      + '; '.join(hosts) + '.')
     return '\n'.join(lines)
+
+
+def _hosts_text(hosts: Optional[List[Optional[Dict[str, Any]]]]) -> str:
+    """Per rank: CPUs its main thread may use (start -> end) / intra-op threads / threads."""
+    return ', '.join(f"{h['cpus_allowed_at_start']}->{h['cpus_allowed']} CPUs / "
+                     f"{h['intra_op_threads']} intra-op / {h['process_threads']} threads"
+                     for h in hosts or [] if h) or '-'
 
 
 def plot(result: Dict[str, Any], path: str) -> None:
@@ -909,11 +915,12 @@ def independent_table(result: Dict[str, Any]) -> str:
         return (f"| {row['label']} | {row['world_size']} | {row['samples_per_s']:.2f} "
                 f"| {ind['samples_per_s']:.2f} | {_floats(ind['samples_per_s_per_run'])} "
                 f"| {_fmt(row.get('efficiency'), '{:.2f}')} "
-                f"| {ind['ceiling_efficiency']:.2f} | {ind['ddp_cost']:.1%} |")
+                f"| {ind['ceiling_efficiency']:.2f} | {ind['ddp_cost']:.1%} "
+                f"| {_hosts_text(ind.get('host'))} |")
     return _side_table(
         result, lambda r: r.get('independent'),
         '| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
-        '| per run | efficiency | ceiling efficiency | DDP cost |', line,
+        '| per run | efficiency | ceiling efficiency | DDP cost | main thread per run |', line,
         'independent runs: one single-GPU run per GPU at the same time, no process group; '
         'ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing the machine '
         'leaves; DDP cost: 1 - distributed / independent sum.')
@@ -924,11 +931,12 @@ def ddp_one_table(result: Dict[str, Any]) -> str:
     def line(row: Dict[str, Any]) -> str:
         one = row['ddp_one']
         return (f"| {row['label']} | {row['samples_per_s']:.2f} "
-                f"| {one['samples_per_s']:.2f} | {one['cost']:.1%} |")
+                f"| {one['samples_per_s']:.2f} | {one['cost']:.1%} "
+                f"| {_hosts_text(one.get('host'))} |")
     return _side_table(
         result, lambda r: r.get('ddp_one'),
         '| config | samples/s (1 process) | samples/s (DDP world of one) '
-        '| distributed code path cost |', line,
+        '| distributed code path cost | main thread (world of one) |', line,
         'DDP world of one: the 1-GPU run started through torchrun with a process group, '
         'the DDP wrapper and SyncBN as configured; cost: 1 - its samples/s / the plain '
         '1-process samples/s.')

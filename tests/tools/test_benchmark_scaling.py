@@ -230,8 +230,10 @@ def test_independent_runs_give_the_no_communication_ceiling(bench):
     assert ind['ceiling_efficiency'] == pytest.approx(
         sum(rates) / (2 * rows[1]['samples_per_s']))
     assert ind['ddp_cost'] == pytest.approx(1 - rows[2]['samples_per_s'] / sum(rates))
+    assert ind['host'] == [r['ranks'][0]['host'] for r in raws]
     table = (out / 'scaling.md').read_text()
     assert '| samples/s (independent runs, sum) |' in table
+    assert '| main thread per run |' in table
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):
@@ -378,7 +380,9 @@ def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
     one = row['ddp_one']
     assert one['world_size'] == 1
     assert one['cost'] == pytest.approx(1 - one['samples_per_s'] / row['samples_per_s'])
-    assert 'DDP world of one' in (out / 'scaling.md').read_text()
+    assert one['host'][0]['cpus_allowed'] >= 1
+    table = (out / 'scaling.md').read_text()
+    assert 'DDP world of one' in table and '| main thread (world of one) |' in table
     tool = _load_tool()
     with pytest.raises(SystemExit):
         tool.parse_args([str(CONFIG), '--nproc', '2', '--ddp-one'])
