@@ -88,7 +88,6 @@ def host_facts() -> Dict[str, Any]:
     """What this process's main thread runs on: the CPUs it may use (a library that
     narrows the thread's affinity shows here), torch's intra-op threads and the
     process's thread count."""
-    import torch
     try:
         cpus = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
@@ -143,6 +142,7 @@ class BenchmarkTimerHook(Hook):
     def before_train(self, runner) -> None:
         import torch
         from mmengine.model import is_model_wrapper
+        self._host_start = host_facts()
         self.accumulation = int(getattr(runner.optim_wrapper, '_accumulative_counts', 1))
         self.warmup_steps = max(self.warmup_steps, -(-self.warmup_iters // self.accumulation))
         total_iters = (self.warmup_steps + self.steps) * self.accumulation
@@ -160,7 +160,6 @@ class BenchmarkTimerHook(Hook):
             model.register_comm_hook(state=None, hook=_noop_allreduce)
         if self._cuda:
             torch.cuda.reset_peak_memory_stats(param.device)
-        self._host_start = host_facts()
 
     def _now(self) -> float:
         if self._cuda:
@@ -760,16 +759,21 @@ def round_order(nproc: List[int], round_index: int) -> List[int]:
     return list(nproc) if round_index % 2 == 0 else list(reversed(nproc))
 
 
+def _lower_median(values: List[Any], key: Callable[[Any], float] = lambda v: v) -> Any:
+    """The median of ``values`` by ``key``; of an even count, the lower of the two."""
+    ordered = sorted(values, key=key)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 def median_row(runs: List[Dict[str, Any]]) -> Dict[str, Any]:
     """The run of median samples/s (the lower one of an even count), with every run's
     rate and comm time under ``repeats``."""
-    ordered = sorted(runs, key=lambda r: r['samples_per_s'])
-    row = dict(ordered[(len(ordered) - 1) // 2])
+    row = dict(_lower_median(runs, key=lambda r: r['samples_per_s']))
     row['repeats'] = dict(samples_per_s=[r['samples_per_s'] for r in runs],
                           step_s=[r['step_s'] for r in runs])
-    comm = sorted(r['comm_step_s'] for r in runs if r.get('comm_step_s') is not None)
+    comm = [r['comm_step_s'] for r in runs if r.get('comm_step_s') is not None]
     if len(runs) > 1 and comm:
-        row['comm_step_s'] = comm[(len(comm) - 1) // 2]
+        row['comm_step_s'] = _lower_median(comm)
         row['comm_share'] = row['comm_step_s'] / row['step_s']
     return row
 
@@ -786,8 +790,7 @@ def add_round_efficiency(rows: List[Dict[str, Any]]) -> None:
         per_round = [rate / (n * one) for rate, one in
                      zip(row['repeats']['samples_per_s'], base_rates)]
         row['repeats']['efficiency'] = per_round
-        ordered = sorted(per_round)
-        row['repeats']['efficiency_median'] = ordered[(len(ordered) - 1) // 2]
+        row['repeats']['efficiency_median'] = _lower_median(per_round)
 
 
 def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:

@@ -22,14 +22,14 @@ from typing import Any, Dict, List, Optional, Sequence
 import torch
 from torch.overrides import TorchFunctionMode
 
+from .profiling import NOT_A_SITE, TOP_K
+
 # Tensor methods / torch functions that read a value (or a data-dependent size) back.
 READ_OPS = frozenset({
     'item', 'tolist', 'cpu', 'numpy', 'nonzero', 'argwhere', 'masked_select', 'unique',
     'unique_consecutive', '__bool__', '__int__', '__float__', '__index__'})
 DEFAULT_EXCLUDE = ('/torch/optim/', '/torch/nn/utils/clip_grad',
                    'mmdet3d_scaling/compat/point_ops_cpu.py')
-_NOT_A_SITE = ('/torch/', '<built-in')
-TOP_K = 10
 
 
 def caller_site(frames: List[traceback.FrameSummary]) -> str:
@@ -37,7 +37,7 @@ def caller_site(frames: List[traceback.FrameSummary]) -> str:
     the warnings machinery."""
     for f in reversed(frames):
         if f.filename == __file__ or f.filename.endswith('/warnings.py') \
-                or any(x in f.filename for x in _NOT_A_SITE):
+                or any(x in f.filename for x in NOT_A_SITE):
             continue
         return f'{f.filename}({f.lineno}): {f.name}'
     return '<no Python caller>'

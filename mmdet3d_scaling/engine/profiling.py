@@ -26,7 +26,7 @@ SYNCING_OPS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::masked_selec
 SITE_EVENTS = SYNCING_OPS + HOST_SYNC_CALLS + ('cudaMemcpyAsync',)
 _PY_FRAME = re.compile(r'^.+\(\d+\): .+$')  # 'file(line): function'
 # Frames inside these packages are the mechanism, not the caller worth naming.
-_SKIP_FRAMES = ('/torch/', '<built-in')
+NOT_A_SITE = ('/torch/', '<built-in')
 
 
 def _ms(us: float, iters: int) -> float:
@@ -46,7 +46,7 @@ def _site(event: Any) -> Optional[str]:
     parent = getattr(event, 'cpu_parent', None)
     while parent is not None:
         name = parent.name
-        if _PY_FRAME.match(name) and not any(skip in name for skip in _SKIP_FRAMES):
+        if _PY_FRAME.match(name) and not any(skip in name for skip in NOT_A_SITE):
             return name
         parent = parent.cpu_parent
     return None
