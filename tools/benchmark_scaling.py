@@ -11,6 +11,9 @@ trains ``--warmup`` + ``--iters`` optimizer steps and measures the last ``--iter
 - peak memory per GPU (max over ranks) and the spread across ranks (samples/s, memory,
   data wait; the tool's own per-rank figures plus GPUMonitorHook's cross-rank min/max
   from the run's JSON log),
+- micro-batch times (p50 / p90) and, from a 1-process run's, the lockstep bound: the
+  efficiency N ranks would reach if each drew its micro-batch time from that run's and
+  all waited for the slowest at every micro-batch (mean / E[max of N draws]),
 - exposed gradient communication: for N > 1 a second run with DDP's all-reduce replaced
   by a no-op comm hook; comm time per step = step time (with) - step time (without).
 
@@ -132,6 +135,7 @@ class BenchmarkTimerHook(Hook):
         self._prev_end: Optional[float] = None
         self._wait_s = 0.0
         self._step_ends: List[float] = []  # host clock at each measured step's end
+        self._iter_ends: List[float] = []  # ... and at each measured micro-batch's end
         self._samples = 0
         self._iters = 0
         self._cuda = False
@@ -172,6 +176,7 @@ class BenchmarkTimerHook(Hook):
         if it == self._measure_from:
             self._t_start = self._now()
             self._step_ends = [self._t_start]
+            self._iter_ends = [self._t_start]
             self._prev_end = None
             if self._cuda:
                 import torch
@@ -189,6 +194,7 @@ class BenchmarkTimerHook(Hook):
         if it + 1 == runner.train_loop.max_iters:
             self._t_end = self._now()
         self._prev_end = time.perf_counter()
+        self._iter_ends.append(self._t_end or self._prev_end)
         if (it + 1) % self.accumulation == 0:
             # host time; the loss is read back (.item()) every iteration, so it follows
             # the GPU closely enough for the spread of step times
@@ -205,6 +211,8 @@ class BenchmarkTimerHook(Hook):
             data_wait_s=self._wait_s,
             step_seconds=[round(b - a, 5) for a, b in zip(self._step_ends,
                                                           self._step_ends[1:])],
+            iter_seconds=[round(b - a, 5) for a, b in zip(self._iter_ends,
+                                                          self._iter_ends[1:])],
             peak_mem_mb=(max(self.peak_mb, torch.cuda.max_memory_allocated() / 2**20)
                          if self._cuda else None),
             host=dict(host_facts(), cpus_allowed_at_start=self._host_start['cpus_allowed']),
@@ -571,6 +579,7 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
     mems = [r['peak_mem_mb'] for r in ranks if r['peak_mem_mb'] is not None]
     n_epoch = epoch_samples or raw['dataset_len']
     steps_s = ranks[0].get('step_seconds') or []  # ranks in lockstep: rank 0's will do
+    iters_s = ranks[0].get('iter_seconds') or []
     return dict(
         world_size=raw['world_size'],
         per_gpu_batch=raw['per_gpu_batch'],
@@ -589,6 +598,8 @@ def summarise(raw: Dict[str, Any], epoch_samples: Optional[int]) -> Dict[str, An
                     peak_mem_mb_min=min(mems) if mems else None,
                     peak_mem_mb_max=max(mems) if mems else None),
         step_s_quantiles=_quantiles(steps_s),
+        iter_s_quantiles=_quantiles(iters_s),
+        lockstep_bound=(lockstep_bound(iters_s) if raw['world_size'] == 1 else None),
         host=[r.get('host') for r in ranks],
         gpu_monitor=raw.get('gpu_monitor', {}),
         device=raw['device'],
@@ -604,6 +615,31 @@ def _quantiles(values: List[float]) -> Optional[Dict[str, float]]:
     last = len(ordered) - 1
     return dict(p50=ordered[round(0.5 * last)], p90=ordered[round(0.9 * last)],
                 max=ordered[-1])
+
+
+def expected_max(values: List[float], draws: int) -> float:
+    """Expected maximum of ``draws`` independent picks from ``values`` (with
+    replacement): the sorted value i of m is the maximum with probability
+    (i/m)^draws - ((i-1)/m)^draws."""
+    ordered = sorted(values)
+    m = len(ordered)
+    return sum(v * ((i / m) ** draws - ((i - 1) / m) ** draws)
+               for i, v in enumerate(ordered, start=1))
+
+
+LOCKSTEP_WORLDS = (2, 4, 8)
+LOCKSTEP_MIN_ITERS = 8  # fewer micro-batch times say too little about their spread
+
+
+def lockstep_bound(iter_seconds: List[float]) -> Optional[Dict[str, float]]:
+    """Efficiency N ranks would reach if each drew its micro-batch time from one
+    process's measured times and all waited for the slowest at every micro-batch
+    (DDP's gradient all-reduce): mean / E[max of N]. Only the spread of micro-batch
+    times enters; communication and sharing the machine come on top."""
+    if len(iter_seconds) < LOCKSTEP_MIN_ITERS:
+        return None
+    mean = sum(iter_seconds) / len(iter_seconds)
+    return {str(n): mean / expected_max(iter_seconds, n) for n in LOCKSTEP_WORLDS}
 
 
 def add_scaling(rows: List[Dict[str, Any]]) -> None:
@@ -660,6 +696,16 @@ def markdown_table(result: Dict[str, Any]) -> str:
                  'time/step: one optimizer step of the effective batch (mean; p50 / p90: '
                  'median and 90th percentile of single steps, rank 0); comm: step time '
                  'minus the step time of a run with DDP all-reduce replaced by a no-op.')
+    bounds = [row for row in result['rows'] if row.get('lockstep_bound')]
+    if bounds:
+        lines.append('')
+        lines.append(
+            'Lockstep bound (efficiency if N ranks drew their micro-batch times from the '
+            '1-GPU run\'s and waited for the slowest at every micro-batch): '
+            + '; '.join(f"{row['label']}: " + ', '.join(
+                f'N={n} {eff:.3f}' for n, eff in row['lockstep_bound'].items())
+                + f" (micro-batch p50 / p90 {_step_quantiles(row.get('iter_s_quantiles'))})"
+                for row in bounds) + '.')
     hosts = [f"{row['world_size']} GPU(s): " + _hosts_text(row.get('host'))
              for row in result['rows'] if any(row.get('host') or [])]
     if hosts:

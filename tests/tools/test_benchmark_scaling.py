@@ -313,16 +313,44 @@ def test_stock_batch_must_divide_the_effective_batch():
 def test_warmup_iters_and_step_times(tmp_path, data_root):
     """--warmup-iters counts micro-batches of the process: with accumulation 2 (one
     process, effective batch 4 = 2 x acc 2), 3 iterations round up to 2 warm-up steps;
-    every measured step's time is recorded and summarised."""
+    every measured step's and micro-batch's time is recorded and summarised, and the
+    micro-batch times give the lockstep bound."""
     out = tmp_path / 'warm'
-    run_tool(out, data_root, '--nproc', '1', '--warmup-iters', '3', '--no-comm-run')
+    steps_measured = 4  # 8 micro-batches: enough for the lockstep bound
+    run_tool(out, data_root, '--nproc', '1', '--warmup-iters', '3', '--no-comm-run',
+             '--iters', str(steps_measured))
     raw = _raw(out, 1, 'on')
     assert raw['accumulation'] == 2 and raw['warmup_steps'] == 2
     steps = raw['ranks'][0]['step_seconds']
-    assert len(steps) == ITERS and all(s > 0 for s in steps)
+    iters = raw['ranks'][0]['iter_seconds']
+    assert len(steps) == steps_measured and all(s > 0 for s in steps)
+    assert len(iters) == 2 * steps_measured and all(s > 0 for s in iters)
+    # a step is its two micro-batches (both host clocks, rounded to 10 us)
+    assert sum(iters) == pytest.approx(sum(steps), abs=1e-3)
     row = json.loads((out / 'scaling.json').read_text())['rows'][0]
     assert row['step_s_quantiles']['max'] == max(steps)
-    assert ' / ' in (out / 'scaling.md').read_text().splitlines()[2].split('|')[5]
+    assert row['iter_s_quantiles']['max'] == max(iters)
+    bound = row['lockstep_bound']
+    assert list(bound) == ['2', '4', '8']
+    assert 0 < bound['8'] <= bound['4'] <= bound['2'] <= 1
+    md = (out / 'scaling.md').read_text()
+    assert ' / ' in md.splitlines()[2].split('|')[5]
+    assert f"N=2 {bound['2']:.3f}" in md
+
+
+def test_lockstep_bound_arithmetic():
+    """E[max of N picks] from the empirical distribution, and the bound built on it."""
+    tool = _load_tool()
+    assert tool.expected_max([1.0, 3.0], 1) == pytest.approx(2.0)
+    assert tool.expected_max([1.0, 3.0], 2) == pytest.approx(1 * 0.25 + 3 * 0.75)
+    assert tool.expected_max([2.0] * 5, 8) == pytest.approx(2.0)
+    assert tool.lockstep_bound([1.0] * 7) is None  # too few times to say anything
+    even = tool.lockstep_bound([0.5] * 8)
+    assert all(v == pytest.approx(1.0) for v in even.values())
+    times = [1.0] * 6 + [2.0] * 2  # a quarter of the micro-batches twice as long
+    mean = 10 / 8
+    assert tool.lockstep_bound(times)['2'] == pytest.approx(
+        mean / (1 * 0.75 ** 2 + 2 * (1 - 0.75 ** 2)))
 
 
 def test_repeats_alternate_the_order_and_report_the_median(tmp_path, data_root):
