@@ -10,6 +10,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_repeats  # 1 -> 2 GPUs, 3 alternating rounds
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_split    # 1, DDP world of one, 2, 2 independent
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_neighbour  # 1 GPU beside a CPU / GPU / host-bound load
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
@@ -126,6 +127,27 @@ pv_rcnn_split)
     configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
     --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  ;;
+pv_rcnn_neighbour)
+  kitti
+  # Which shared resource slows a PV-RCNN process when another trains beside it (sixth
+  # session: two independent 1-GPU runs each 10 % slower than one alone): the 1-GPU run
+  # on GPU 0 alone, then beside benchmarks/neighbour_load.py on GPU 1 (or the CPU only).
+  for load in ${LOADS:-none cpu host_bound gpu}; do
+    pid=
+    if [ "$load" != none ]; then
+      CUDA_VISIBLE_DEVICES=1 python benchmarks/neighbour_load.py $load --seconds 400 \
+        > "$RES/neighbour_$load.txt" 2>&1 &
+      pid=$!
+      sleep 5
+    fi
+    CUDA_VISIBLE_DEVICES=0 scaling "neighbour_$load" ${PV_RCNN_TIMEOUT:-150} \
+      configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
+      --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+      --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+    if [ -n "$pid" ]; then kill $pid; wait $pid; cat "$RES/neighbour_$load.txt"; fi
+  done
+  tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
   ;;
 recheck)
   kitti

@@ -72,6 +72,7 @@ import json
 import math
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -103,6 +104,21 @@ def host_facts() -> Dict[str, Any]:
                 process_threads=threads, omp_num_threads=os.environ.get('OMP_NUM_THREADS'))
 
 
+def wait_for_peers(directory: str, count: int, timeout_s: float = 1800.0) -> None:
+    """A file barrier for processes without a process group: announce this one in
+    ``directory`` and return once ``count`` have."""
+    os.makedirs(directory, exist_ok=True)
+    open(os.path.join(directory, f'ready-{os.getpid()}'), 'w').close()
+    deadline = time.monotonic() + timeout_s
+    while len([n for n in os.listdir(directory) if n.startswith('ready-')]) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f'benchmark start barrier: {count} independent runs should reach their '
+                f'measured window, only {len(os.listdir(directory))} did within '
+                f'{timeout_s:.0f} s (barrier {directory}); see the other runs\' run.log for the failure.')
+        time.sleep(0.01)
+
+
 class BenchmarkTimerHook(Hook):
     """Times the measured window of a benchmark run and gathers per-rank figures.
 
@@ -117,21 +133,27 @@ class BenchmarkTimerHook(Hook):
         steps: optimizer steps measured.
         comm: 'on' (normal DDP), or 'off' (DDP all-reduce replaced by a no-op hook).
         result_path: JSON file rank 0 writes the gathered figures to.
+        start_barrier: ``{'directory': ..., 'count': N, 'timeout_s': ...}``: wait before the
+            measured window until N processes without a process group (the
+            ``--independent`` runs) have reached theirs, so the windows overlap.
     """
 
     priority = 'LOWEST'  # after_train_iter last: logging/checkpointing count as step time
 
     def __init__(self, warmup_steps: int, steps: int, comm: str, result_path: str,
-                 warmup_iters: int = 0) -> None:
+                 warmup_iters: int = 0,
+                 start_barrier: Optional[Dict[str, Any]] = None) -> None:
         self.warmup_steps = warmup_steps
         self.warmup_iters = warmup_iters
         self.steps = steps
         self.comm = comm
         self.result_path = result_path
+        self.start_barrier = start_barrier
         self.accumulation = 1
         self._measure_from = 0
         self._t_start: Optional[float] = None
         self._t_end: Optional[float] = None
+        self._window: List[float] = []  # wall clock (time.time) at start and end
         self._prev_end: Optional[float] = None
         self._wait_s = 0.0
         self._step_ends: List[float] = []  # host clock at each measured step's end
@@ -174,7 +196,10 @@ class BenchmarkTimerHook(Hook):
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
         it = runner.iter
         if it == self._measure_from:
+            if self.start_barrier:
+                wait_for_peers(**self.start_barrier)
             self._t_start = self._now()
+            self._window = [time.time()]
             self._step_ends = [self._t_start]
             self._iter_ends = [self._t_start]
             self._prev_end = None
@@ -193,6 +218,7 @@ class BenchmarkTimerHook(Hook):
         self._samples += _batch_size(data_batch)
         if it + 1 == runner.train_loop.max_iters:
             self._t_end = self._now()
+            self._window.append(time.time())
         self._prev_end = time.perf_counter()
         self._iter_ends.append(self._t_end or self._prev_end)
         if (it + 1) % self.accumulation == 0:
@@ -209,6 +235,7 @@ class BenchmarkTimerHook(Hook):
             iters=self._iters,
             samples=self._samples,
             data_wait_s=self._wait_s,
+            window=self._window,  # wall clock: comparable across processes of a machine
             step_seconds=[round(b - a, 5) for a, b in zip(self._step_ends,
                                                           self._step_ends[1:])],
             iter_seconds=[round(b - a, 5) for a, b in zip(self._iter_ends,
@@ -424,7 +451,8 @@ def run_worker(spec_path: str) -> None:
     cfg.launcher = 'pytorch' if distributed else 'none'
     runner = Runner.from_cfg(cfg)
     timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'],
-                               warmup_iters=spec.get('warmup_iters', 0))
+                               warmup_iters=spec.get('warmup_iters', 0),
+                               start_barrier=spec.get('start_barrier'))
     runner.register_hook(timer, priority='LOWEST')
     runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
     if spec.get('profile'):
@@ -514,10 +542,13 @@ def _launch_independent(base: Dict[str, Any], label: str, n: int,
     """n single-process runs at once, one GPU each, no process group; their results."""
     gpus = _visible_gpus(n) if args.devices == 'cuda' else [''] * n
     procs = []
+    barrier = os.path.join(args.out, f'{label}_n{n}_independent', 'start_barrier')
+    shutil.rmtree(barrier, ignore_errors=True)  # a stale run's files must not count
     for i, gpu in enumerate(gpus):
         work = os.path.join(args.out, f'{label}_n{n}_independent', f'run{i}')
         spec = dict(base, label=label, comm='on', work_dir=work,
-                    result=os.path.join(work, 'result.json'))
+                    result=os.path.join(work, 'result.json'),
+                    start_barrier=dict(directory=barrier, count=n, timeout_s=args.timeout))
         cmd, env = _prepare_run(spec, n, args)
         if args.devices == 'cuda':
             env['CUDA_VISIBLE_DEVICES'] = gpu
@@ -552,9 +583,19 @@ def summarise_independent(raws: List[Dict[str, Any]], ddp_rate: float,
     rates = [r['ranks'][0]['samples'] / r['ranks'][0]['seconds'] for r in raws]
     total = sum(rates)
     return dict(runs=len(rates), samples_per_s=total, samples_per_s_per_run=rates,
+                overlap=window_overlap([r['ranks'][0].get('window') for r in raws]),
                 host=[r['ranks'][0].get('host') for r in raws],
                 ceiling_efficiency=total / (len(rates) * base_rate),
                 ddp_cost=1.0 - ddp_rate / total)
+
+
+def window_overlap(windows: List[Optional[List[float]]]) -> Optional[float]:
+    """Share of the shortest measured window during which all runs were measuring
+    (1.0: fully at the same time; 0.0: one after another)."""
+    if not windows or any(not w or len(w) != 2 for w in windows):
+        return None
+    common = min(w[1] for w in windows) - max(w[0] for w in windows)
+    return max(0.0, common) / min(w[1] - w[0] for w in windows)
 
 
 def _read_result(path: str, world_size: int) -> Optional[Dict[str, Any]]:
@@ -963,14 +1004,18 @@ def independent_table(result: Dict[str, Any]) -> str:
         ind = row['independent']
         return (f"| {row['label']} | {row['world_size']} | {row['samples_per_s']:.2f} "
                 f"| {ind['samples_per_s']:.2f} | {_floats(ind['samples_per_s_per_run'])} "
+                f"| {_fmt(ind.get('overlap'), '{:.0%}')} "
                 f"| {_fmt(row.get('efficiency'), '{:.2f}')} "
                 f"| {ind['ceiling_efficiency']:.2f} | {ind['ddp_cost']:.1%} "
                 f"| {_hosts_text(ind.get('host'))} |")
     return _side_table(
         result, lambda r: r.get('independent'),
         '| config | GPUs | samples/s (distributed) | samples/s (independent runs, sum) '
-        '| per run | efficiency | ceiling efficiency | DDP cost | main thread per run |', line,
-        'independent runs: one single-GPU run per GPU at the same time, no process group; '
+        '| per run | windows overlap | efficiency | ceiling efficiency | DDP cost '
+        '| main thread per run |', line,
+        'independent runs: one single-GPU run per GPU at the same time, no process group, '
+        'their measured windows started together (a file barrier after the warm-up); '
+        'windows overlap: share of the shortest window all runs were measuring; '
         'ceiling efficiency: their sum / (N x the 1-GPU rate), what sharing the machine '
         'leaves; DDP cost: 1 - distributed / independent sum.')
 

@@ -231,9 +231,28 @@ def test_independent_runs_give_the_no_communication_ceiling(bench):
         sum(rates) / (2 * rows[1]['samples_per_s']))
     assert ind['ddp_cost'] == pytest.approx(1 - rows[2]['samples_per_s'] / sum(rates))
     assert ind['host'] == [r['ranks'][0]['host'] for r in raws]
+    # the start barrier: both announced themselves, and the windows overlapped
+    barrier = out / f'{LABEL}_n2_independent' / 'start_barrier'
+    assert len(list(barrier.glob('ready-*'))) == 2
+    windows = [r['ranks'][0]['window'] for r in raws]
+    assert max(w[0] for w in windows) < min(w[1] for w in windows)
+    assert ind['overlap'] == pytest.approx(_load_tool().window_overlap(windows))
+    assert 0 < ind['overlap'] <= 1
     table = (out / 'scaling.md').read_text()
+    assert '| windows overlap |' in table
     assert '| samples/s (independent runs, sum) |' in table
     assert '| main thread per run |' in table
+
+
+def test_window_overlap_and_start_barrier(tmp_path):
+    tool = _load_tool()
+    assert tool.window_overlap([[0.0, 10.0], [2.0, 12.0]]) == pytest.approx(0.8)
+    assert tool.window_overlap([[0.0, 10.0], [1.0, 6.0]]) == pytest.approx(1.0)
+    assert tool.window_overlap([[0.0, 4.0], [5.0, 9.0]]) == 0.0  # one after the other
+    assert tool.window_overlap([[0.0, 4.0], []]) is None  # a run without a window
+    tool.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: returns at once
+    with pytest.raises(RuntimeError, match='2 independent runs.*only 1 did'):
+        tool.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
 
 
 def test_bad_arguments_are_clear_errors(tmp_path):
