@@ -136,16 +136,20 @@ pv_rcnn_neighbour)
   for load in ${LOADS:-none cpu host_bound gpu}; do
     pid=
     if [ "$load" != none ]; then
-      CUDA_VISIBLE_DEVICES=1 python benchmarks/neighbour_load.py $load --seconds 400 \
-        > "$RES/neighbour_$load.txt" 2>&1 &
+      CUDA_VISIBLE_DEVICES=1 timeout -s KILL 300 python benchmarks/neighbour_load.py \
+        $load --seconds 280 > "$RES/neighbour_$load.txt" 2>&1 &
       pid=$!
       sleep 5
     fi
+    echo "== $(date +%T) neighbour $load"
     CUDA_VISIBLE_DEVICES=0 scaling "neighbour_$load" ${PV_RCNN_TIMEOUT:-150} \
       configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
       --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
       --cfg-options train_dataloader.num_workers=${WORKERS:-2}
-    if [ -n "$pid" ]; then kill $pid; wait $pid; cat "$RES/neighbour_$load.txt"; fi
+    if [ -n "$pid" ]; then
+      pkill -TERM -f "neighbour_load.py $load"; sleep 2; pkill -KILL -f "neighbour_load.py $load"
+      wait $pid; echo "neighbour $load: $(cat "$RES/neighbour_$load.txt")"
+    fi
   done
   tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
   ;;
