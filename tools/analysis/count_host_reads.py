@@ -8,15 +8,23 @@ Runs on a CPU: each such read is a point where a host-bound model's CPU waits fo
 GPU, and in DDP with SyncBN where ranks wait for each other. Reads inside CUDA
 extensions are not seen (see the module).
 
+``--launches`` also counts, in the same steps, the operators that run a kernel (a launch
+on a GPU; views excluded), with copies among them, by call site
+(:class:`mmdet3d_scaling.engine.launch_census.LaunchCensus`): the host-to-GPU traffic a
+host-bound model's main thread issues, which is what a second process on the machine
+slows down.
+
 Usage::
 
     python tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py
     python tools/analysis/count_host_reads.py CONFIG --steps 2 --top 30 --out reads.json
+    python tools/analysis/count_host_reads.py CONFIG --steps 2 --launches
 """
 import argparse
 import os.path as osp
 import sys
 import time
+from contextlib import ExitStack
 from typing import Any, Dict
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -27,6 +35,7 @@ from mmengine.runner import Runner  # noqa: E402
 
 import mmdet3d_scaling  # noqa: E402,F401
 from mmdet3d_scaling.engine.host_reads import HostReadCensus  # noqa: E402
+from mmdet3d_scaling.engine.launch_census import LaunchCensus  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -37,6 +46,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--top', type=int, default=25, help='call sites listed')
     p.add_argument('--work-dir', default='work_dirs/count_host_reads')
     p.add_argument('--out', help='JSON output (default: WORK_DIR/host_reads.json)')
+    p.add_argument('--launches', action='store_true',
+                   help='also count kernel-running operators and copies by call site')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = p.parse_args(argv)
     for name, least in (('steps', 1), ('warmup', 0), ('top', 1)):
@@ -62,17 +73,27 @@ def count(args) -> Dict[str, Any]:
     for _ in range(args.warmup):
         model.train_step(next(batches), optim_wrapper)
     census = HostReadCensus()
+    launches = LaunchCensus() if args.launches else None
     samples, start = 0, time.perf_counter()
     for _ in range(args.steps):
         data = next(batches)
         samples += len(data['data_samples'])
-        with census:
+        with ExitStack() as stack:
+            stack.enter_context(census)
+            if launches is not None:
+                stack.enter_context(launches)
             model.train_step(data, optim_wrapper)
-    return dict(config=args.config, steps=args.steps, samples=samples,
-                seconds=time.perf_counter() - start,
-                reads_per_step=census.total / args.steps,
-                reads_per_sample=census.total / max(samples, 1),
-                sites=census.sites(args.top, per=args.steps))
+    result = dict(config=args.config, steps=args.steps, samples=samples,
+                  seconds=time.perf_counter() - start,
+                  reads_per_step=census.total / args.steps,
+                  reads_per_sample=census.total / max(samples, 1),
+                  sites=census.sites(args.top, per=args.steps))
+    if launches is not None:
+        result.update(launches_per_step=launches.total / args.steps,
+                      launches_per_sample=launches.total / max(samples, 1),
+                      copies_per_step=launches.copies / args.steps,
+                      launch_sites=launches.sites(args.top, per=args.steps))
+    return result
 
 
 def main(argv=None) -> Dict[str, Any]:
@@ -83,6 +104,14 @@ def main(argv=None) -> Dict[str, Any]:
     print('per step | read | call site')
     for s in result['sites']:
         print(f"{s['count']:8.1f} | {s['op']} | {s['site']}")
+    if 'launches_per_step' in result:
+        print(f"\n{result['launches_per_step']:.0f} kernel-running operators a training "
+              f"step ({result['launches_per_sample']:.0f} a sample), "
+              f"{result['copies_per_step']:.0f} of them copies")
+        print('per step | copies | top operators | call site')
+        for s in result['launch_sites']:
+            ops = ', '.join(f'{op} {n:.0f}' for op, n in s['top_ops'].items())
+            print(f"{s['count']:8.1f} | {s['copies']:6.1f} | {ops} | {s['site']}")
     out = args.out or osp.join(args.work_dir, 'host_reads.json')
     mmengine.dump(result, out, indent=2)  # creates the folder
     print(f'written: {out}')
