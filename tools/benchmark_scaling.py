@@ -594,8 +594,11 @@ def window_overlap(windows: List[Optional[List[float]]]) -> Optional[float]:
     (1.0: fully at the same time; 0.0: one after another)."""
     if not windows or any(not w or len(w) != 2 for w in windows):
         return None
+    shortest = min(w[1] - w[0] for w in windows)
+    if shortest <= 0:
+        return None
     common = min(w[1] for w in windows) - max(w[0] for w in windows)
-    return max(0.0, common) / min(w[1] - w[0] for w in windows)
+    return max(0.0, common) / shortest
 
 
 def _read_result(path: str, world_size: int) -> Optional[Dict[str, Any]]:

@@ -250,6 +250,7 @@ def test_window_overlap_and_start_barrier(tmp_path):
     assert tool.window_overlap([[0.0, 10.0], [1.0, 6.0]]) == pytest.approx(1.0)
     assert tool.window_overlap([[0.0, 4.0], [5.0, 9.0]]) == 0.0  # one after the other
     assert tool.window_overlap([[0.0, 4.0], []]) is None  # a run without a window
+    assert tool.window_overlap([[1.0, 1.0], [0.0, 4.0]]) is None  # an empty window
     tool.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: returns at once
     with pytest.raises(RuntimeError, match='2 independent runs.*only 1 did'):
         tool.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
