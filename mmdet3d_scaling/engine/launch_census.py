@@ -36,7 +36,8 @@ NO_KERNEL_OPS = frozenset({
     'sym_stride', 'sym_numel', 'sym_storage_offset', 'dim', 'numel', 'is_nonzero',
     '_reshape_alias', 'view_as_real', 'view_as_complex', 'movedim', 'flatten',
     'unflatten'})
-# Operators that move data (host <-> device on a GPU when the sides differ).
+# Copies and dtype casts: on a GPU a copy kernel, or a memcpy between host and device
+# (a CPU run cannot tell which: its tensors are all on the CPU).
 COPY_OPS = frozenset({'_to_copy', 'copy_', '_copy_from', '_copy_from_and_resize',
                       'lift_fresh_copy'})
 # the census machinery itself (HostReadCensus may run around this one), not callers

@@ -9,7 +9,7 @@ GPU, and in DDP with SyncBN where ranks wait for each other. Reads inside CUDA
 extensions are not seen (see the module).
 
 ``--launches`` also counts, in the same steps, the operators that run a kernel (a launch
-on a GPU; views excluded), with copies among them, by call site
+on a GPU; views excluded), with copies and dtype casts among them, by call site
 (:class:`mmdet3d_scaling.engine.launch_census.LaunchCensus`): the host-to-GPU traffic a
 host-bound model's main thread issues, which is what a second process on the machine
 slows down.
@@ -107,8 +107,8 @@ def main(argv=None) -> Dict[str, Any]:
     if 'launches_per_step' in result:
         print(f"\n{result['launches_per_step']:.0f} kernel-running operators a training "
               f"step ({result['launches_per_sample']:.0f} a sample), "
-              f"{result['copies_per_step']:.0f} of them copies")
-        print('per step | copies | top operators | call site')
+              f"{result['copies_per_step']:.0f} of them copies or dtype casts")
+        print('per step | copies/casts | top operators | call site')
         for s in result['launch_sites']:
             ops = ', '.join(f'{op} {n:.0f}' for op, n in s['top_ops'].items())
             print(f"{s['count']:8.1f} | {s['copies']:6.1f} | {ops} | {s['site']}")
