@@ -133,6 +133,7 @@ pv_rcnn_neighbour)
   # Which shared resource slows a PV-RCNN process when another trains beside it (sixth
   # session: two independent 1-GPU runs each 10 % slower than one alone): the 1-GPU run
   # on GPU 0 alone, then beside benchmarks/neighbour_load.py on GPU 1 (or the CPU only).
+  # LOADS="none launches copies reads" splits the host-bound load into its parts.
   for load in ${LOADS:-none cpu host_bound gpu}; do
     pid=
     if [ "$load" != none ]; then

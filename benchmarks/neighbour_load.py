@@ -9,6 +9,11 @@ Modes:
     host_bound  small kernels, small host->GPU copies and a GPU->host read after each
                 few kernels on the visible GPU: PV-RCNN's pattern (host launches and
                 waits, ~60 % GPU busy), without its model.
+    launches    host_bound's small kernels only (a read-back every 200 loops keeps the
+                launch queue bounded).
+    copies      host_bound's small host->GPU copies from pageable memory only.
+    reads       host_bound's GPU->host reads only (one tiny kernel and ``.item()``).
+                The last three split host_bound's cost into its parts.
 
     CUDA_VISIBLE_DEVICES=1 python benchmarks/neighbour_load.py host_bound --seconds 300 &
     CUDA_VISIBLE_DEVICES=0 python tools/benchmark_scaling.py CONFIG --nproc 1 ...
@@ -22,10 +27,14 @@ import signal
 import sys
 import time
 
-MODES = ('cpu', 'gpu', 'host_bound')
+MODES = ('cpu', 'gpu', 'host_bound', 'launches', 'copies', 'reads')
 
 
 def _spin(stop_at: float) -> None:
+    # a forked child inherits StopFlag's handlers, which only set a flag this loop does
+    # not read: back to the default, so that terminate() ends it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
     x = 0
     while time.monotonic() < stop_at:
         for _ in range(10000):
@@ -56,6 +65,26 @@ def _host_bound_loop(stop: 'StopFlag', stop_at: float) -> int:
         idx = torch.tensor([n % 1000, 7, 11], device='cuda')  # small host->GPU copy
         y = y[idx].sum() + (x > 0).sum()
         y.item()  # the host waits for the GPU
+        n += 1
+    return n
+
+
+def _part_loop(part: str, stop: 'StopFlag', stop_at: float) -> int:
+    """One of host_bound's three kinds of host-GPU traffic alone."""
+    import torch
+    x = torch.randn(100_000, device='cuda')
+    n = 0
+    while not stop.set and time.monotonic() < stop_at:
+        if part == 'launches':
+            y = x
+            for _ in range(8):
+                y = torch.relu(y * 1.0001 - 0.5)
+            if n % 200 == 0:
+                torch.cuda.synchronize()
+        elif part == 'copies':
+            torch.tensor([n % 1000, 7, 11], device='cuda')
+        else:  # reads
+            (x[:1] + 1).item()
         n += 1
     return n
 
@@ -96,10 +125,15 @@ def main(argv=None) -> int:
             time.sleep(0.1)
         for proc in procs:
             proc.terminate()
+        for proc in procs:
+            proc.join(timeout=10)
         work = args.procs
     else:
-        loop = _gpu_loop if args.mode == 'gpu' else _host_bound_loop
-        work = loop(stop, stop_at)
+        if args.mode in ('launches', 'copies', 'reads'):
+            work = _part_loop(args.mode, stop, stop_at)
+        else:
+            loop = _gpu_loop if args.mode == 'gpu' else _host_bound_loop
+            work = loop(stop, stop_at)
     elapsed = time.monotonic() - start
     rate = f'{work / elapsed:.1f} loops/s' if args.mode != 'cpu' else f'{work} spinners'
     print(f'[neighbour_load] {args.mode}: {elapsed:.1f} s, {rate}', flush=True)
