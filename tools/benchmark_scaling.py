@@ -73,6 +73,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -115,7 +116,8 @@ def wait_for_peers(directory: str, count: int, timeout_s: float = 1800.0) -> Non
             raise RuntimeError(
                 f'benchmark start barrier: {count} independent runs should reach their '
                 f'measured window, only {len(os.listdir(directory))} did within '
-                f'{timeout_s:.0f} s (barrier {directory}); see the other runs\' run.log for the failure.')
+                f'{timeout_s:.0f} s (barrier {directory}); see the other runs\' run.log '
+                f'for the failure.')
         time.sleep(0.01)
 
 
@@ -561,20 +563,42 @@ def _launch_independent(base: Dict[str, Any], label: str, n: int,
                       log, spec, work))
     print(f'[benchmark_scaling] {label}: {n} independent single-GPU runs at once ...',
           flush=True)
-    results = []
-    for proc, log, spec, work in procs:
-        try:
-            code = proc.wait(timeout=args.timeout)
-        finally:
+    try:
+        _wait_together([p for p, *_ in procs], args.timeout)
+    finally:
+        for _, log, _, _ in procs:
             log.close()
-        raw = _read_result(spec['result'], 1)
-        if raw is None:
-            with open(os.path.join(work, 'run.log')) as f:
-                tail = f.read()[-4000:]
-            raise RuntimeError(f'independent run failed (exit {code}), log '
-                               f'{work}/run.log:\n{tail}')
-        results.append(raw)
-    return results
+    raws = [_read_result(spec['result'], 1) for _, _, spec, _ in procs]
+    # report the run that failed by itself, not one stopped because of it
+    failed = sorted((proc.returncode == -signal.SIGTERM, i)
+                    for i, (proc, *_) in enumerate(procs) if raws[i] is None)
+    if failed:
+        proc, _, _, work = procs[failed[0][1]]
+        with open(os.path.join(work, 'run.log')) as f:
+            tail = f.read()[-4000:]
+        raise RuntimeError(f'independent run failed (exit {proc.returncode}), log '
+                           f'{work}/run.log:\n{tail}')
+    return raws
+
+
+def _wait_together(procs: List[subprocess.Popen], timeout_s: float) -> None:
+    """Wait for runs that meet at a start barrier: when one fails, stop the others
+    (they would wait at the barrier until its time limit); past ``timeout_s`` stop all."""
+    deadline = time.monotonic() + timeout_s
+    while any(p.poll() is None for p in procs):
+        failed = any(p.returncode not in (None, 0) for p in procs)
+        if failed or time.monotonic() > deadline:
+            for p in procs:
+                if p.poll() is None:
+                    p.terminate()
+            for p in procs:
+                try:
+                    p.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    p.kill()
+                    p.wait()
+            return
+        time.sleep(0.5)
 
 
 def summarise_independent(raws: List[Dict[str, Any]], ddp_rate: float,

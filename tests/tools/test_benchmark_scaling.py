@@ -256,6 +256,20 @@ def test_window_overlap_and_start_barrier(tmp_path):
         tool.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
 
 
+def test_independent_runs_stop_together_when_one_fails():
+    """A run that fails stops its peers at once instead of leaving them at the start
+    barrier until the time limit."""
+    tool = _load_tool()
+    sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    failing = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
+    tool._wait_together([sleeper, failing], timeout_s=120)
+    assert failing.returncode == 3
+    assert sleeper.returncode is not None and sleeper.returncode != 0  # stopped
+    late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
+    tool._wait_together([late], timeout_s=0.5)  # past the limit: stopped as well
+    assert late.returncode is not None
+
+
 def test_bad_arguments_are_clear_errors(tmp_path):
     tool = _load_tool()
     with pytest.raises(SystemExit):
