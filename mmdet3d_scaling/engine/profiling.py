@@ -25,6 +25,9 @@ SYNCING_OPS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::masked_selec
 # and host <-> device copies (each a driver call, most a wait as well).
 SITE_EVENTS = SYNCING_OPS + HOST_SYNC_CALLS + ('cudaMemcpyAsync',)
 _PY_FRAME = re.compile(r'^.+\(\d+\): .+$')  # 'file(line): function'
+# CUDA runtime / driver API calls as the profiler names them (cudaLaunchKernel,
+# cudaMemcpyAsync, cuLaunchKernel, ...): every call the host makes to the GPU.
+DRIVER_CALL = re.compile(r'^cu(da)?[A-Z]\w*$')
 # Frames inside these packages are the mechanism, not the caller worth naming.
 NOT_A_SITE = ('/torch/', '<built-in')
 
@@ -63,6 +66,31 @@ def call_sites(prof: Any, iters: int, names: tuple = SITE_EVENTS) -> List[Dict[s
                 counts[(site, event.name)] += 1
     return [dict(site=site, op=op, calls_per_iter=n / max(iters, 1))
             for (site, op), n in counts.most_common(TOP_K)]
+
+
+def driver_call_sites(prof: Any, iters: int, top: int = TOP_K,
+                      pattern: re.Pattern = DRIVER_CALL) -> Dict[str, Any]:
+    """Every host-to-GPU call of a profile (events whose name matches ``pattern``: CUDA
+    runtime and driver calls), per iteration: totals by call, and by Python call site
+    (innermost frame outside torch; needs ``with_stack=True``) with the calls made
+    there, most calls first (``top`` sites). Unlike a dispatcher census this sees the
+    launches and copies made inside C++ / CUDA extensions (mmcv, spconv) too."""
+    per = 1.0 / max(iters, 1)
+    totals: Counter = Counter()
+    by_site: Dict[str, Counter] = {}
+    for event in prof.events():
+        if not pattern.match(event.name):
+            continue
+        totals[event.name] += 1
+        site = _site(event) or '(no Python frame)'
+        by_site.setdefault(site, Counter())[event.name] += 1
+    ranked = sorted(by_site.items(), key=lambda kv: sum(kv[1].values()), reverse=True)
+    return dict(
+        calls_per_iter=sum(totals.values()) * per,
+        by_call={k: v * per for k, v in totals.most_common()},
+        sites=[dict(site=site, calls_per_iter=sum(c.values()) * per,
+                    by_call={k: v * per for k, v in c.most_common()})
+               for site, c in ranked[:top]])
 
 
 def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:

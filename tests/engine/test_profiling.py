@@ -50,3 +50,33 @@ def test_no_stacks_no_sites():
         _reads_back(x)
     assert summarize_profile(prof, iters=1, wall_s=1.0)['sync_sites'] == []
 
+
+
+def _launches(x):
+    y = x @ x  # one aten::mm here
+    return y.relu_() @ x  # and one here
+
+
+def test_calls_are_counted_by_site_and_by_name():
+    """driver_call_sites with a pattern that matches CPU operators (a CPU profile has no
+    CUDA calls): per-iteration totals by name, and by the innermost Python frame."""
+    import re
+
+    from mmdet3d_scaling.engine.profiling import DRIVER_CALL, driver_call_sites
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for _ in range(3):
+            _launches(x)
+            torch.mm(x, x)  # a third mm, from the test itself
+    calls = driver_call_sites(prof, iters=3, pattern=re.compile(r'^aten::(mm|relu_)$'))
+    assert calls['by_call'] == {'aten::mm': 3.0, 'aten::relu_': 1.0}
+    assert calls['calls_per_iter'] == 4.0
+    top = calls['sites'][0]
+    assert top['site'].endswith(': _launches') and 'test_profiling.py' in top['site']
+    assert top['by_call'] == {'aten::mm': 2.0, 'aten::relu_': 1.0}
+    assert calls['sites'][1]['by_call'] == {'aten::mm': 1.0}
+    assert calls['sites'][1]['site'].endswith(': test_calls_are_counted_by_site_and_by_name')
+    # the default pattern is the CUDA API's names: nothing on a CPU-only profile
+    assert driver_call_sites(prof, iters=3)['calls_per_iter'] == 0
+    assert DRIVER_CALL.match('cudaLaunchKernel') and DRIVER_CALL.match('cuLaunchKernelEx')
+    assert DRIVER_CALL.match('cudaMemcpyAsync') and not DRIVER_CALL.match('aten::cudnn')

@@ -33,7 +33,7 @@ def counts(tmp_path_factory):
     base = tmp_path_factory.mktemp('host_reads')
     config = write_demo_config(str(base))
     return (_count(base, config, 'upstream', 'max_iou_assigner'),
-            _count(base, config, 'shimmed', '', '--launches'))
+            _count(base, config, 'shimmed', '', '--launches', '--cuda-api'))
 
 
 def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_shim(counts):
@@ -72,3 +72,13 @@ def test_bad_arguments_are_errors():
     proc = subprocess.run([sys.executable, str(TOOL), 'x.py', '--steps', '0'],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and '--steps must be >= 1, got 0' in proc.stderr
+
+
+def test_cuda_api_profile_runs_after_the_counts(counts):
+    """--cuda-api (shimmed run): further steps under torch.profiler; on a CPU there are
+    no CUDA calls to count (GPU attribution: tests/engine/test_profiling.py)."""
+    upstream, shimmed = counts
+    api = shimmed['cuda_api']
+    assert 'cuda_api' not in upstream
+    assert api['device'] == 'cpu' and api['wall_ms_per_step'] > 0
+    assert api['calls_per_iter'] == 0 and api['sites'] == [] and api['by_call'] == {}

@@ -19,6 +19,14 @@ Usage::
     python tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py
     python tools/analysis/count_host_reads.py CONFIG --steps 2 --top 30 --out reads.json
     python tools/analysis/count_host_reads.py CONFIG --steps 2 --launches
+    python tools/analysis/count_host_reads.py GPU_CONFIG --steps 2 --launches --cuda-api
+
+``--cuda-api`` (for a GPU): ``--steps`` further steps under ``torch.profiler``, without the
+censuses, counting every CUDA runtime / driver call (kernel launches, copies, memsets,
+synchronisations) by Python call site
+(:func:`mmdet3d_scaling.engine.profiling.driver_call_sites`), including those made
+inside mmcv's and spconv's CUDA extensions, which the censuses cannot see; with the
+steps' wall time and GPU kernel time (how host-bound the model is).
 """
 import argparse
 import os.path as osp
@@ -48,6 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out', help='JSON output (default: WORK_DIR/host_reads.json)')
     p.add_argument('--launches', action='store_true',
                    help='also count kernel-running operators and copies by call site')
+    p.add_argument('--cuda-api', action='store_true',
+                   help='then profile --steps more steps: CUDA API calls by call site')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
     args = p.parse_args(argv)
     for name, least in (('steps', 1), ('warmup', 0), ('top', 1)):
@@ -93,7 +103,34 @@ def count(args) -> Dict[str, Any]:
                       launches_per_sample=launches.total / max(samples, 1),
                       copies_per_step=launches.copies / args.steps,
                       launch_sites=launches.sites(args.top, per=args.steps))
+    if args.cuda_api:
+        result['cuda_api'] = profile_cuda_api(model, batches, optim_wrapper, args)
     return result
+
+
+def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
+    """``args.steps`` training steps under torch.profiler: CUDA API calls by site."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from mmdet3d_scaling.engine.profiling import driver_call_sites
+    cuda = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    data = [next(batches) for _ in range(args.steps)]  # loading stays outside
+    if cuda:
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    with profile(activities=activities, with_stack=True) as prof:
+        for batch in data:
+            model.train_step(batch, optim_wrapper)
+        if cuda:
+            torch.cuda.synchronize()
+    wall = time.perf_counter() - start
+    kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
+    calls = driver_call_sites(prof, args.steps, top=args.top)
+    return dict(calls, device=('cuda' if cuda else 'cpu'),
+                wall_ms_per_step=wall * 1e3 / args.steps,
+                kernel_ms_per_step=kernel_us / 1e3 / args.steps)
 
 
 def main(argv=None) -> Dict[str, Any]:
@@ -112,6 +149,16 @@ def main(argv=None) -> Dict[str, Any]:
         for s in result['launch_sites']:
             ops = ', '.join(f'{op} {n:.0f}' for op, n in s['top_ops'].items())
             print(f"{s['count']:8.1f} | {s['copies']:6.1f} | {ops} | {s['site']}")
+    if 'cuda_api' in result:
+        api = result['cuda_api']
+        print(f"\nprofiled ({api['device']}): {api['wall_ms_per_step']:.0f} ms wall, "
+              f"{api['kernel_ms_per_step']:.0f} ms of GPU kernels a step (profiler on); "
+              f"{api['calls_per_iter']:.0f} CUDA API calls a step: " + ', '.join(
+                  f'{k} {v:.0f}' for k, v in api['by_call'].items()))
+        print('per step | calls | call site')
+        for s in api['sites']:
+            calls = ', '.join(f'{k} {v:.0f}' for k, v in s['by_call'].items())
+            print(f"{s['calls_per_iter']:8.1f} | {calls} | {s['site']}")
     out = args.out or osp.join(args.work_dir, 'host_reads.json')
     mmengine.dump(result, out, indent=2)  # creates the folder
     print(f'written: {out}')
