@@ -68,22 +68,58 @@ def call_sites(prof: Any, iters: int, names: tuple = SITE_EVENTS) -> List[Dict[s
             for (site, op), n in counts.most_common(TOP_K)]
 
 
+def _frames_by_time(frames: List[Any]) -> List[Any]:
+    return sorted(frames, key=lambda e: (e.time_range.start, -e.time_range.end))
+
+
+def _sites_by_time(frames: List[Any], calls: List[Any]) -> List[Optional[str]]:
+    """Innermost Python frame (outside torch) whose time span holds each of ``calls``
+    (sorted by start): the profiler links CUDA API events to no parent, so their site
+    is found by time on the thread that ran the frames."""
+    frames = _frames_by_time(frames)
+    stack: List[Any] = []
+    sites: List[Optional[str]] = []
+    i = 0
+    for call in calls:
+        t = call.time_range.start
+        while i < len(frames) and frames[i].time_range.start <= t:
+            while stack and stack[-1].time_range.end < frames[i].time_range.start:
+                stack.pop()
+            stack.append(frames[i])
+            i += 1
+        while stack and stack[-1].time_range.end < t:
+            stack.pop()
+        sites.append(next((f.name for f in reversed(stack)
+                           if not any(skip in f.name for skip in NOT_A_SITE)), None))
+    return sites
+
+
 def driver_call_sites(prof: Any, iters: int, top: int = TOP_K,
                       pattern: re.Pattern = DRIVER_CALL) -> Dict[str, Any]:
     """Every host-to-GPU call of a profile (events whose name matches ``pattern``: CUDA
     runtime and driver calls), per iteration: totals by call, and by Python call site
-    (innermost frame outside torch; needs ``with_stack=True``) with the calls made
-    there, most calls first (``top`` sites). Unlike a dispatcher census this sees the
-    launches and copies made inside C++ / CUDA extensions (mmcv, spconv) too."""
+    (innermost frame outside torch on the thread with the most Python frames, i.e. the
+    main thread; needs ``with_stack=True``) with the calls made there, most calls first
+    (``top`` sites). Calls from other threads (autograd's backward threads) are filed
+    under ``(other thread) `` + the main thread's frame at that time. Unlike a
+    dispatcher census this sees the launches and copies made inside C++ / CUDA
+    extensions (mmcv, spconv) too."""
     per = 1.0 / max(iters, 1)
+    events = list(prof.events())
+    frames = [e for e in events if _PY_FRAME.match(e.name)]
+    main = Counter(e.thread for e in frames).most_common(1)
+    main_thread = main[0][0] if main else None
+    frames = [e for e in frames if e.thread == main_thread]
+    calls = sorted((e for e in events if pattern.match(e.name)),
+                   key=lambda e: e.time_range.start)
     totals: Counter = Counter()
     by_site: Dict[str, Counter] = {}
-    for event in prof.events():
-        if not pattern.match(event.name):
-            continue
-        totals[event.name] += 1
-        site = _site(event) or '(no Python frame)'
-        by_site.setdefault(site, Counter())[event.name] += 1
+    for call, site in zip(calls, _sites_by_time(frames, calls)):
+        site = site or '(no Python frame)'
+        if call.thread != main_thread:
+            site = '(other thread) ' + site
+        totals[call.name] += 1
+        by_site.setdefault(site, Counter())[call.name] += 1
     ranked = sorted(by_site.items(), key=lambda kv: sum(kv[1].values()), reverse=True)
     return dict(
         calls_per_iter=sum(totals.values()) * per,

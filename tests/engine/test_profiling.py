@@ -80,3 +80,4 @@ def test_calls_are_counted_by_site_and_by_name():
     assert driver_call_sites(prof, iters=3)['calls_per_iter'] == 0
     assert DRIVER_CALL.match('cudaLaunchKernel') and DRIVER_CALL.match('cuLaunchKernelEx')
     assert DRIVER_CALL.match('cudaMemcpyAsync') and not DRIVER_CALL.match('aten::cudnn')
+

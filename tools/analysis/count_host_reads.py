@@ -113,7 +113,7 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from mmdet3d_scaling.engine.profiling import driver_call_sites
+    from mmdet3d_scaling.engine.profiling import driver_call_sites, summarize_profile
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     data = [next(batches) for _ in range(args.steps)]  # loading stays outside
@@ -126,11 +126,12 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
         if cuda:
             torch.cuda.synchronize()
     wall = time.perf_counter() - start
-    kernel_us = sum(e.self_device_time_total for e in prof.key_averages())
+    summary = summarize_profile(prof, args.steps, wall)
     calls = driver_call_sites(prof, args.steps, top=args.top)
     return dict(calls, device=('cuda' if cuda else 'cpu'),
-                wall_ms_per_step=wall * 1e3 / args.steps,
-                kernel_ms_per_step=kernel_us / 1e3 / args.steps)
+                wall_ms_per_step=summary['wall_ms_per_iter'],
+                kernel_ms_per_step=summary['device_kernel_ms_per_iter'],
+                top_kernels=summary['top_device'])
 
 
 def main(argv=None) -> Dict[str, Any]:
@@ -155,6 +156,9 @@ def main(argv=None) -> Dict[str, Any]:
               f"{api['kernel_ms_per_step']:.0f} ms of GPU kernels a step (profiler on); "
               f"{api['calls_per_iter']:.0f} CUDA API calls a step: " + ', '.join(
                   f'{k} {v:.0f}' for k, v in api['by_call'].items()))
+        for k in api['top_kernels']:
+            print(f"  kernel {k['ms_per_iter']:7.1f} ms, {k['calls_per_iter']:6.0f} calls | "
+                  f"{k['name'][:100]}")
         print('per step | calls | call site')
         for s in api['sites']:
             calls = ', '.join(f'{k} {v:.0f}' for k, v in s['by_call'].items())
