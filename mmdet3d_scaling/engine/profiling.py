@@ -129,6 +129,44 @@ def driver_call_sites(prof: Any, iters: int, top: int = TOP_K,
                for site, c in ranked[:top]])
 
 
+def _work_kind(kernel_name: str) -> str:
+    for prefix, kind in (('Memcpy DtoH', 'copy_to_host'), ('Memcpy HtoD', 'copy_to_gpu'),
+                         ('Memcpy', 'copy_on_gpu'), ('Memset', 'memset')):
+        if kernel_name.startswith(prefix):
+            return kind
+    return 'kernel'
+
+
+def device_work_sites(prof: Any, iters: int, top: int = TOP_K) -> Dict[str, Any]:
+    """GPU work per iteration by the Python call site of the operator that issued it
+    (kernels, copies to / from the host, memsets; the profiler links each to the
+    innermost CPU operator or ``record_function`` scope, whose parents are Python
+    frames with ``with_stack=True``). Work issued by an extension outside any operator
+    scope is not linked to a site; ``linked_share`` says how much was."""
+    per = 1.0 / max(iters, 1)
+    by_site: Dict[str, Counter] = {}
+    linked: Counter = Counter()
+    for event in prof.events():
+        kernels = getattr(event, 'kernels', None)
+        if not kernels:
+            continue
+        site = _site(event) or '(no Python frame)'
+        for kernel in kernels:
+            kind = _work_kind(kernel.name)
+            by_site.setdefault(site, Counter())[kind] += 1
+            linked[kind] += 1
+    total = sum(1 for e in prof.events()
+                if str(getattr(e, 'device_type', '')).endswith('CUDA'))
+    ranked = sorted(by_site.items(), key=lambda kv: sum(kv[1].values()), reverse=True)
+    return dict(
+        work_per_iter=total * per,
+        linked_per_iter={k: v * per for k, v in linked.most_common()},
+        linked_share=(sum(linked.values()) / total) if total else 0.0,
+        sites=[dict(site=site, work_per_iter=sum(c.values()) * per,
+                    by_kind={k: v * per for k, v in c.most_common()})
+               for site, c in ranked[:top]])
+
+
 def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:
     """Per-iteration figures of a finished ``torch.profiler.profile`` over ``iters``
     training iterations that took ``wall_s`` seconds (wall clock, CPU side)."""

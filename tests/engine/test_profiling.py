@@ -1,6 +1,8 @@
 """summarize_profile on a real torch.profiler run (CPU)."""
 import time
 
+import pytest
+
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -81,3 +83,32 @@ def test_calls_are_counted_by_site_and_by_name():
     assert DRIVER_CALL.match('cudaLaunchKernel') and DRIVER_CALL.match('cuLaunchKernelEx')
     assert DRIVER_CALL.match('cudaMemcpyAsync') and not DRIVER_CALL.match('aten::cudnn')
 
+
+
+def test_gpu_work_of_a_cpu_profile_is_empty():
+    from mmdet3d_scaling.engine.profiling import device_work_sites
+    x = torch.randn(32, 32)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        _launches(x)
+    work = device_work_sites(prof, iters=1)
+    assert work == dict(work_per_iter=0.0, linked_per_iter={}, linked_share=0.0, sites=[])
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_gpu_work_is_filed_under_the_operator_call_site():
+    from mmdet3d_scaling.engine.profiling import device_work_sites
+    x = torch.randn(32, 32, device='cuda')
+    _launches(x)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
+                 with_stack=True) as prof:
+        for _ in range(2):
+            _launches(x)
+            x.sum().item()  # a copy to the host, from the test itself
+        torch.cuda.synchronize()
+    work = device_work_sites(prof, iters=2)
+    sites = {s['site'].rsplit(': ', 1)[-1]: s for s in work['sites']}
+    assert sites['_launches']['by_kind']['kernel'] >= 3  # two matmuls, one relu
+    here = sites['test_gpu_work_is_filed_under_the_operator_call_site']['by_kind']
+    assert here['copy_to_host'] == 1.0
+    assert 0 < work['linked_share'] <= 1.0

@@ -113,7 +113,8 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from mmdet3d_scaling.engine.profiling import driver_call_sites, summarize_profile
+    from mmdet3d_scaling.engine.profiling import (device_work_sites, driver_call_sites,
+                                                  summarize_profile)
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     data = [next(batches) for _ in range(args.steps)]  # loading stays outside
@@ -131,7 +132,8 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
     return dict(calls, device=('cuda' if cuda else 'cpu'),
                 wall_ms_per_step=summary['wall_ms_per_iter'],
                 kernel_ms_per_step=summary['device_kernel_ms_per_iter'],
-                top_kernels=summary['top_device'])
+                top_kernels=summary['top_device'],
+                gpu_work=device_work_sites(prof, args.steps, top=args.top))
 
 
 def main(argv=None) -> Dict[str, Any]:
@@ -163,6 +165,14 @@ def main(argv=None) -> Dict[str, Any]:
         for s in api['sites']:
             calls = ', '.join(f'{k} {v:.0f}' for k, v in s['by_call'].items())
             print(f"{s['calls_per_iter']:8.1f} | {calls} | {s['site']}")
+        work = api['gpu_work']
+        print(f"\n{work['work_per_iter']:.0f} GPU kernels / copies / memsets a step, "
+              f"{100 * work['linked_share']:.0f} % linked to an operator's call site: "
+              + ', '.join(f'{k} {v:.0f}' for k, v in work['linked_per_iter'].items()))
+        print('per step | GPU work | call site')
+        for s in work['sites']:
+            kinds = ', '.join(f'{k} {v:.0f}' for k, v in s['by_kind'].items())
+            print(f"{s['work_per_iter']:8.1f} | {kinds} | {s['site']}")
     out = args.out or osp.join(args.work_dir, 'host_reads.json')
     mmengine.dump(result, out, indent=2)  # creates the folder
     print(f'written: {out}')
