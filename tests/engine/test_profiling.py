@@ -1,8 +1,8 @@
-"""summarize_profile on a real torch.profiler run (CPU)."""
+"""summarize_profile and the call-site tables on real torch.profiler runs (CPU; GPU
+where there is one)."""
 import time
 
 import pytest
-
 import torch
 from torch.profiler import ProfilerActivity, profile
 
