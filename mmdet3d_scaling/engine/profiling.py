@@ -32,6 +32,22 @@ DRIVER_CALL = re.compile(r'^cu(da)?[A-Z]\w*$')
 NOT_A_SITE = ('/torch/', '<built-in')
 
 
+def python_frames_recorded(prof: Any) -> bool:
+    """Whether a ``with_stack=True`` profile holds Python frame events; the call-site
+    tables need them. torch 2.11 + CUDA 13 (the H200 machine) records none: its sites
+    all read ``(no Python frame)`` and only the totals hold."""
+    return any(_PY_FRAME.match(e.name) for e in prof.events())
+
+
+def profiler_records_python_frames() -> bool:
+    """Probe this torch build: a tiny CPU profile with ``with_stack=True``."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        torch.ones(2).add_(1)
+    return python_frames_recorded(prof)
+
+
 def _ms(us: float, iters: int) -> float:
     return us / 1000.0 / max(iters, 1)
 
@@ -122,6 +138,7 @@ def driver_call_sites(prof: Any, iters: int, top: int = TOP_K,
         by_site.setdefault(site, Counter())[call.name] += 1
     ranked = sorted(by_site.items(), key=lambda kv: sum(kv[1].values()), reverse=True)
     return dict(
+        python_frames=bool(frames),
         calls_per_iter=sum(totals.values()) * per,
         by_call={k: v * per for k, v in totals.most_common()},
         sites=[dict(site=site, calls_per_iter=sum(c.values()) * per,
@@ -159,6 +176,7 @@ def device_work_sites(prof: Any, iters: int, top: int = TOP_K) -> Dict[str, Any]
                 if str(getattr(e, 'device_type', '')).endswith('CUDA'))
     ranked = sorted(by_site.items(), key=lambda kv: sum(kv[1].values()), reverse=True)
     return dict(
+        python_frames=python_frames_recorded(prof),
         work_per_iter=total * per,
         linked_per_iter={k: v * per for k, v in linked.most_common()},
         linked_share=(sum(linked.values()) / total) if total else 0.0,

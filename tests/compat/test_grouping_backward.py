@@ -94,8 +94,13 @@ def test_bound_in_mmdet3d_before_the_cpu_twin():
     assert leaf.grad is not None
 
 
+# every index inside its sample's segment (mmcv's backward adds an index into an empty
+# segment to the next sample's row; the forward reads it as 0 so ours gives it no gradient)
+VALID_CASES = [c for c in CASES if 0 not in c[0]]
+
+
 @pytest.mark.skipif(not CUDA, reason='mmcv stacked grouping runs on CUDA only')
-@pytest.mark.parametrize('feature_counts,index_counts', CASES)
+@pytest.mark.parametrize('feature_counts,index_counts', VALID_CASES)
 def test_cuda_matches_mmcv_forward_and_backward(feature_counts, index_counts):
     from mmcv.ops import grouping_operation as mmcv_grouping
     features, indices, fcnt, icnt = (t.cuda() for t in _case(feature_counts,

@@ -6,7 +6,12 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mmdet3d_scaling.engine.profiling import summarize_profile
+from mmdet3d_scaling.engine.profiling import (profiler_records_python_frames,
+                                              summarize_profile)
+
+# torch 2.11 + CUDA 13 (the H200 machine) records no Python frames with with_stack
+needs_frames = pytest.mark.skipif(not profiler_records_python_frames(),
+                                  reason="this torch's profiler records no Python frames")
 
 
 def test_summary_counts_per_iteration():
@@ -32,6 +37,7 @@ def _reads_back(x):
     return total + float(torch.nonzero(x > 0).numel())
 
 
+@needs_frames
 def test_host_waits_are_traced_to_their_call_site():
     x = torch.randn(16)
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
@@ -59,6 +65,7 @@ def _launches(x):
     return y.relu_() @ x  # and one here
 
 
+@needs_frames
 def test_calls_are_counted_by_site_and_by_name():
     """driver_call_sites with a pattern that matches CPU operators (a CPU profile has no
     CUDA calls): per-iteration totals by name, and by the innermost Python frame."""
@@ -72,7 +79,7 @@ def test_calls_are_counted_by_site_and_by_name():
             torch.mm(x, x)  # a third mm, from the test itself
     calls = driver_call_sites(prof, iters=3, pattern=re.compile(r'^aten::(mm|relu_)$'))
     assert calls['by_call'] == {'aten::mm': 3.0, 'aten::relu_': 1.0}
-    assert calls['calls_per_iter'] == 4.0
+    assert calls['calls_per_iter'] == 4.0 and calls['python_frames'] is True
     top = calls['sites'][0]
     assert top['site'].endswith(': _launches') and 'test_profiling.py' in top['site']
     assert top['by_call'] == {'aten::mm': 2.0, 'aten::relu_': 1.0}
@@ -91,9 +98,11 @@ def test_gpu_work_of_a_cpu_profile_is_empty():
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         _launches(x)
     work = device_work_sites(prof, iters=1)
-    assert work == dict(work_per_iter=0.0, linked_per_iter={}, linked_share=0.0, sites=[])
+    assert work == dict(python_frames=profiler_records_python_frames(), work_per_iter=0.0,
+                        linked_per_iter={}, linked_share=0.0, sites=[])
 
 
+@needs_frames
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
 def test_gpu_work_is_filed_under_the_operator_call_site():
     from mmdet3d_scaling.engine.profiling import device_work_sites

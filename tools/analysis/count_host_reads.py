@@ -161,6 +161,9 @@ def main(argv=None) -> Dict[str, Any]:
         for k in api['top_kernels']:
             print(f"  kernel {k['ms_per_iter']:7.1f} ms, {k['calls_per_iter']:6.0f} calls | "
                   f"{k['name'][:100]}")
+        if not api['python_frames']:
+            print("  (this torch's profiler recorded no Python frames: no call sites "
+                  "below, only totals; --launches counts operators by site)")
         print('per step | calls | call site')
         for s in api['sites']:
             calls = ', '.join(f'{k} {v:.0f}' for k, v in s['by_call'].items())
