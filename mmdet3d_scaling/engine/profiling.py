@@ -48,6 +48,13 @@ def profiler_records_python_frames() -> bool:
     return python_frames_recorded(prof)
 
 
+def _on_device(event: Any) -> bool:
+    """A GPU activity itself (kernel, copy, memset), not the CPU operator that issued
+    it: torch credits a kernel's time to both, so summing every event's
+    ``self_device_time_total`` counts most GPU time twice."""
+    return not str(getattr(event, 'device_type', 'CPU')).endswith('CPU')
+
+
 def _ms(us: float, iters: int) -> float:
     return us / 1000.0 / max(iters, 1)
 
@@ -193,20 +200,20 @@ def summarize_profile(prof: Any, iters: int, wall_s: float) -> Dict[str, Any]:
     for e in events:
         if e.key in syncs:
             syncs[e.key] += e.count
-    comm_kernels = [e for e in events if 'nccl' in e.key.lower()
-                    and e.self_device_time_total > 0]
+    kernels = [e for e in events if _on_device(e)]
+    comm_kernels = [e for e in kernels if 'nccl' in e.key.lower()]
     comm_cpu = [e for e in events if e.key.startswith(COMM_CPU_PREFIXES)]
     return dict(
         iterations=iters,
         wall_ms_per_iter=wall_s * 1000.0 / max(iters, 1),
         host_syncs_per_iter=sum(syncs.values()) / max(iters, 1),
         host_syncs_by_call={k: v for k, v in syncs.items() if v},
-        device_kernel_ms_per_iter=_ms(sum(e.self_device_time_total for e in events),
+        device_kernel_ms_per_iter=_ms(sum(e.self_device_time_total for e in kernels),
                                       iters),
         comm_kernel_ms_per_iter=_ms(sum(e.self_device_time_total for e in comm_kernels),
                                     iters),
         comm_cpu_ms_per_iter=_ms(sum(e.cpu_time_total for e in comm_cpu), iters),
         top_cpu=_top(events, 'self_cpu_time_total', iters),
-        top_device=_top(events, 'self_device_time_total', iters),
+        top_device=_top(kernels, 'self_device_time_total', iters),
         sync_sites=call_sites(prof, iters),
     )

@@ -121,3 +121,24 @@ def test_gpu_work_is_filed_under_the_operator_call_site():
     here = sites['test_gpu_work_is_filed_under_the_operator_call_site']['by_kind']
     assert here['copy_to_host'] == 1.0
     assert 0 < work['linked_share'] <= 1.0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
+def test_gpu_time_is_counted_once():
+    """The operator and its kernel both carry the kernel's time: the summary counts the
+    kernels only."""
+    x = torch.randn(2048, 2048, device='cuda')
+    x @ x
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(4):
+            x @ x
+        torch.cuda.synchronize()
+    events = list(prof.key_averages())
+    kernels = sum(e.self_device_time_total for e in events
+                  if not str(e.device_type).endswith('CPU'))
+    every_event = sum(e.self_device_time_total for e in events)
+    summary = summarize_profile(prof, iters=4, wall_s=1.0)
+    assert kernels > 0 and every_event > 1.5 * kernels  # the double count exists
+    assert summary['device_kernel_ms_per_iter'] == pytest.approx(kernels / 1000 / 4)
+    assert not any(k['name'].startswith('aten::') for k in summary['top_device'])
