@@ -33,6 +33,8 @@ named in ``$MMDET3D_SCALING_SKIP_SHIMS`` (comma-separated module names, e.g.
 | grouping_backward   | mmcv 2.1.0                   | stacked grouping's backward: per-channel     |
 |                     |                              | atomics, 30 % of PV-RCNN's GPU time; one     |
 |                     |                              | index_add_ of feature rows instead           |
+| rpn_proposal_nms    | mmdet3d 1.4.0                | PartA2RPNHead's proposal NMS waits on the    |
+|                     |                              | GPU six times a sample: one wait             |
 """
 import os
 
@@ -42,13 +44,13 @@ mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
 from . import instance_data_index, kitti_eval_cpu, max_iou_assigner, nuscenes_metric  # noqa: E402,E501
-from . import grouping_backward, point_ops_cpu, pseudo_sampler  # noqa: E402
+from . import grouping_backward, point_ops_cpu, pseudo_sampler, rpn_proposal_nms  # noqa: E402,E501
 
 # shims by module name, the name $MMDET3D_SCALING_SKIP_SHIMS uses
 _SHIMS = {shim.__name__.rsplit('.', 1)[-1]: shim for shim in (
     checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
     kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner,
-    instance_data_index, pseudo_sampler, grouping_backward)}
+    instance_data_index, pseudo_sampler, grouping_backward, rpn_proposal_nms)}
 SKIP_ENV = 'MMDET3D_SCALING_SKIP_SHIMS'
 
 
@@ -69,4 +71,5 @@ for _name, _shim in _SHIMS.items():
 
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
            'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu',
-           'max_iou_assigner', 'instance_data_index', 'pseudo_sampler', 'grouping_backward']
+           'max_iou_assigner', 'instance_data_index', 'pseudo_sampler', 'grouping_backward',
+           'rpn_proposal_nms']
