@@ -11,6 +11,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_repeats  # 1 -> 2 GPUs, 3 alternating rounds
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_split    # 1, DDP world of one, 2, 2 independent
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_neighbour  # 1 GPU beside a CPU / GPU / host-bound load
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # shim GPU tests, GPU census, A/B, 1 -> 2
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
@@ -153,6 +154,29 @@ pv_rcnn_neighbour)
     fi
   done
   tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
+  ;;
+pv_rcnn_shims)
+  kitti
+  # The seventh session's shims on the GPU: their CUDA tests, the GPU census of a
+  # micro-batch (CUDA API calls, host reads, top kernels), the 1-GPU run without the
+  # three shims that cut GPU time and host reads (same machine A/B), then 1 -> 2 GPUs.
+  CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
+    tests/compat/test_grouping_backward.py tests/compat/test_rpn_proposal_nms.py \
+    tests/compat/test_stack_query_group.py tests/engine/test_profiling.py \
+    > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
+  CUDA_VISIBLE_DEVICES=0 timeout ${CENSUS_TIMEOUT:-150} python \
+    tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --steps 2 --warmup 3 --launches --cuda-api --top 40 --out "$RES/gpu_census.json" \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2} > "$RES/gpu_census.txt" 2>&1
+  grep -E "host reads a training step|kernel-running|^profiled" "$RES/gpu_census.txt"
+  MMDET3D_SCALING_SKIP_SHIMS=grouping_backward,rpn_proposal_nms,stack_query_group \
+    CUDA_VISIBLE_DEVICES=0 scaling no_new_shims ${PV_RCNN_TIMEOUT:-110} \
+    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  scaling shims ${PV_RCNN_TIMEOUT2:-230} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --nproc 1,2 --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} \
+    --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
 recheck)
   kitti
