@@ -42,13 +42,20 @@ def getitem(self, item: Any):
     assert len(item) == len(self), (  # mmengine's check, same exception type
         f'The shape of the input(BoolTensor) {len(item)} does not match the shape of '
         f'the indexed tensor in results_field {len(self)} at first dimension.')
-    index = item.nonzero().view(-1)  # the one host wait
-    new_data = self.__class__(metainfo=self.metainfo)
-    for key, value in self.items():
+    return take_rows(self, item.nonzero().view(-1))  # the one host wait
+
+
+def take_rows(data: Any, index: torch.Tensor):
+    """``data[index]`` for an ``InstanceData`` and a 1-D tensor of non-negative row
+    indices, without a host read for the tensor and box fields (gathered on the device,
+    in index order); other fields go through mmengine's own indexing."""
+    original = getitem.original
+    new_data = data.__class__(metainfo=data.metainfo)
+    for key, value in data.items():
         if _gathers_by_tensor(value):
             new_data[key] = value[index.to(value.device)]
         else:  # mmengine's own handling of this field, by the same indices
-            single = self.__class__(metainfo=self.metainfo)
+            single = data.__class__(metainfo=data.metainfo)
             single[key] = value
             new_data[key] = original(single, index)[key]
     return new_data

@@ -2,15 +2,14 @@
 
 PV-RCNN's set abstraction (``VoxelSetAbstraction`` and the RoI grid pooling, 12 calls a
 training micro-batch) groups neighbours with ``StackQueryAndGroup``, whose forward
-starts with two ``assert``s comparing a tensor sum with a shape (two host reads) and
-zeroes the empty balls with boolean-mask assignments (``x[mask] = 0``, which index with
-the mask's nonzero indices). Counted on PV-RCNN on an H200: the asserts alone are 24 of
-a micro-batch's 295 host reads.
+starts with two ``assert``s comparing a tensor sum with a shape (two host reads), then
+zeroes the empty balls by boolean-mask assignment (``x[mask] = 0``). Counted on PV-RCNN
+on an H200: the asserts are 24 of a micro-batch's 295 host reads.
 
 The shim computes the same grouping with the checks kept but queued on the device
 (``torch._assert_async``: on a CPU it raises at once with the message; on a GPU a
 failed check stops the run with a device-side assert at the next synchronisation) and
-the empty balls zeroed with ``masked_fill`` (no index to compute). Same outputs and
+the empty balls zeroed with ``masked_fill`` (which never needs the mask's indices). Same outputs and
 gradients (``tests/compat/test_stack_query_group.py``); ball query and grouping are
 looked up in mmdet3d's module at call time, so the other shims on them apply.
 """
