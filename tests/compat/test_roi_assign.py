@@ -1,0 +1,112 @@
+"""compat/roi_assign.py: PV-RCNN's RoI assignment and sampling with one host read a
+batch for the class split, every SamplingResult field as upstream.
+
+The head is PV-RCNN's own RoI head with its per-class assigners and IoU piecewise
+sampler, built from the plugin's PV-RCNN config; the sampler draws at random, so each
+side runs from the same seed."""
+import copy
+
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.structures import InstanceData
+
+import mmdet3d_scaling  # noqa: F401  (applies the shims)
+from mmdet3d_scaling.compat import roi_assign as shim
+from mmdet3d_scaling.engine.host_reads import HostReadCensus
+
+ORIGINAL = shim.assign_and_sample.original
+CONFIG = 'configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py'
+
+
+@pytest.fixture(scope='module')
+def head():
+    from mmdet3d.registry import MODELS
+    from mmdet3d.utils import register_all_modules
+    register_all_modules()
+    model = Config.fromfile(CONFIG).model
+    return MODELS.build(dict(model.roi_head, train_cfg=model.train_cfg.rcnn,
+                             test_cfg=model.test_cfg.rcnn))
+
+
+def _boxes(n, gen):
+    centres = torch.rand(n, 3, generator=gen) * torch.tensor([30., 30., 1.])
+    sizes = 1 + 3 * torch.rand(n, 3, generator=gen)
+    yaw = (torch.rand(n, 1, generator=gen) - 0.5) * 6.2
+    return torch.cat([centres, sizes, yaw], 1)
+
+
+def _sample(num_gts, num_random, seed, gt_labels=None):
+    """Ground truths and proposals: jittered copies of the ground truths (positives at
+    several IoUs) and random boxes (negatives), labels from 0..2 (or given)."""
+    from mmdet3d.structures import LiDARInstance3DBoxes
+    gen = torch.Generator().manual_seed(seed)
+    gt = _boxes(num_gts, gen)
+    labels = (torch.randint(0, 3, (num_gts, ), generator=gen) if gt_labels is None
+              else torch.tensor(gt_labels, dtype=torch.long))
+    near = gt.repeat(3, 1) + 0.3 * torch.randn(3 * num_gts, 7, generator=gen)
+    proposals = torch.cat([near, _boxes(num_random, gen)])
+    n = len(proposals)
+    pred_labels = torch.cat([labels.repeat(3), torch.randint(0, 3, (num_random, ),
+                                                              generator=gen)])
+    pred = InstanceData(bboxes_3d=LiDARInstance3DBoxes(proposals), labels_3d=pred_labels,
+                        scores_3d=torch.rand(n, generator=gen),
+                        cls_preds=torch.randn(n, 3, generator=gen))
+    gts = InstanceData(bboxes_3d=LiDARInstance3DBoxes(gt), labels_3d=labels)
+    return pred, gts
+
+
+def _batch(seed):
+    return [_sample(6, 40, seed), _sample(0, 12, seed + 1), _sample(3, 0, seed + 2),
+            _sample(5, 30, seed + 3, gt_labels=[2, 2, 2, 2, 2])]
+
+
+def _run(fn, head, batch, seed=123):
+    proposals = [copy.deepcopy(p) for p, _ in batch]
+    gts = [copy.deepcopy(g) for _, g in batch]
+    torch.manual_seed(seed)
+    return fn(head, proposals, gts), gts
+
+
+def test_the_shim_is_in_place():
+    from mmdet3d.models.roi_heads import PVRCNNRoiHead
+    assert PVRCNNRoiHead._assign_and_sample is shim.assign_and_sample
+    shim.apply()
+    assert shim.assign_and_sample.original is ORIGINAL
+
+
+@pytest.mark.parametrize('seed', [0, 1, 2])
+def test_same_sampling_results_as_mmdet3d(head, seed):
+    batch = _batch(seed)
+    (ours, our_gts), (theirs, their_gts) = (_run(shim.assign_and_sample, head, batch),
+                                            _run(ORIGINAL, head, batch))
+    assert len(ours) == len(theirs) == len(batch)
+    positives = 0
+    for a, b in zip(ours, theirs):
+        fields = {k for k, v in vars(b).items() if isinstance(v, torch.Tensor)}
+        assert fields == {k for k, v in vars(a).items() if isinstance(v, torch.Tensor)}
+        assert {'pos_inds', 'neg_inds', 'pos_assigned_gt_inds', 'pos_gt_bboxes'} <= fields
+        for k in sorted(fields):
+            x, y = getattr(a, k), getattr(b, k)
+            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k
+        assert a.num_gts == b.num_gts
+        positives += len(b.pos_inds)
+    assert positives > 0  # the cases do assign positives
+    for a, b in zip(our_gts, their_gts):  # the side effect on the ground truths too
+        assert type(a.bboxes_3d) is type(b.bboxes_3d) is torch.Tensor
+        assert torch.equal(a.bboxes_3d, b.bboxes_3d)
+
+
+def test_one_read_a_batch_for_the_class_split(head):
+    batch = _batch(0)
+    counts = []
+    for fn in (shim.assign_and_sample, ORIGINAL):
+        with HostReadCensus() as census:
+            _run(fn, head, batch)
+        counts.append(census)
+    ours, theirs = counts
+    here = 'compat/roi_assign.py'
+    assert sum(s['count'] for s in ours.sites(50) if here in s['site']) == 1
+    # upstream: per sample and class, two masked InstanceData (one read each with the
+    # instance_data_index shim) and one nonzero; the sampler's reads are in both
+    assert theirs.total - ours.total == 3 * 3 * len(batch) - 1
