@@ -8,25 +8,19 @@ import copy
 
 import pytest
 import torch
-from mmengine.config import Config
 from mmengine.structures import InstanceData
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import roi_assign as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.assign_and_sample.original
-CONFIG = 'configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py'
 
 
 @pytest.fixture(scope='module')
 def head():
-    from mmdet3d.registry import MODELS
-    from mmdet3d.utils import register_all_modules
-    register_all_modules()
-    model = Config.fromfile(CONFIG).model
-    return MODELS.build(dict(model.roi_head, train_cfg=model.train_cfg.rcnn,
-                             test_cfg=model.test_cfg.rcnn))
+    return build_pv_rcnn_head('roi_head', 'rcnn')
 
 
 def _boxes(n, gen):

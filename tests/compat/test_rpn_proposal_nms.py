@@ -4,24 +4,19 @@ The head is PV-RCNN's own RPN head, built from the plugin's PV-RCNN config; the 
 are the tensors ``get_bboxes`` hands to ``class_agnostic_nms``."""
 import pytest
 import torch
-from mmengine.config import Config, ConfigDict
+from mmengine.config import ConfigDict
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import rpn_proposal_nms as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.class_agnostic_nms.original
-CONFIG = 'configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py'
 
 
 @pytest.fixture(scope='module')
 def head():
-    from mmdet3d.registry import MODELS
-    from mmdet3d.utils import register_all_modules
-    register_all_modules()
-    model = Config.fromfile(CONFIG).model
-    return MODELS.build(dict(model.rpn_head, train_cfg=model.train_cfg.rpn,
-                             test_cfg=model.test_cfg.rpn))
+    return build_pv_rcnn_head('rpn_head', 'rpn')
 
 
 def _inputs(num, seed, num_classes=3):
