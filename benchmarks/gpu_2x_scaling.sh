@@ -14,7 +14,8 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # shim GPU tests, GPU census, A/B, 1 -> 2
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
-# AUTO_BATCH_WORKERS. Everything the runs write is packed into $OUT/results.tgz.
+# AUTO_BATCH_WORKERS, NPROC (pv_rcnn_shims' GPU counts; 1 on a one-GPU machine).
+# Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
@@ -176,7 +177,7 @@ pv_rcnn_shims)
     --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   scaling shims ${PV_RCNN_TIMEOUT2:-230} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
-    --nproc 1,2 --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} \
+    --nproc ${NPROC:-1,2} --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} \
     --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   ;;
 recheck)
