@@ -39,6 +39,10 @@ named in ``$MMDET3D_SCALING_SKIP_SHIMS`` (comma-separated module names, e.g.
 |                     |                              | mask-assigns: checks queued, masked_fill     |
 | roi_assign          | mmdet3d 1.4.0                | PV-RCNN's per-class RoI assignment waits ~18 |
 |                     |                              | times a sample: one wait a batch             |
+| anchor_targets      | mmdet3d 1.4.0                | anchor heads' per-class targets wait ~9      |
+|                     |                              | times a sample: whole batch, one wait        |
+| iou_piecewise_      | mmdet3d 1.4.0                | IoUNegPiecewiseSampler waits ~5 times a      |
+|   sampler           |                              | call: one wait, the same random draws        |
 """
 import os
 
@@ -49,14 +53,14 @@ mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
 from . import instance_data_index, kitti_eval_cpu, max_iou_assigner, nuscenes_metric  # noqa: E402,E501
 from . import grouping_backward, point_ops_cpu, pseudo_sampler, rpn_proposal_nms  # noqa: E402,E501
-from . import roi_assign, stack_query_group  # noqa: E402
+from . import anchor_targets, iou_piecewise_sampler, roi_assign, stack_query_group  # noqa: E402,E501
 
 # shims by module name, the name $MMDET3D_SCALING_SKIP_SHIMS uses
 _SHIMS = {shim.__name__.rsplit('.', 1)[-1]: shim for shim in (
     checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
     kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner,
     instance_data_index, pseudo_sampler, grouping_backward, rpn_proposal_nms,
-    stack_query_group, roi_assign)}
+    stack_query_group, iou_piecewise_sampler, roi_assign, anchor_targets)}
 SKIP_ENV = 'MMDET3D_SCALING_SKIP_SHIMS'
 
 
@@ -78,4 +82,5 @@ for _name, _shim in _SHIMS.items():
 __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_ops',
            'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu',
            'max_iou_assigner', 'instance_data_index', 'pseudo_sampler', 'grouping_backward',
-           'rpn_proposal_nms', 'stack_query_group', 'roi_assign']
+           'rpn_proposal_nms', 'stack_query_group', 'roi_assign', 'anchor_targets',
+           'iou_piecewise_sampler']

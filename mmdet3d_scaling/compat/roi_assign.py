@@ -11,8 +11,9 @@ The shim groups proposals and ground truths by label with one stable sort each a
 reads every sample's per-class counts at once (one host wait a batch), then runs the
 same per-class assigner on the same rows (gathered by index, in the same ascending
 order a mask gives), combines the results with the same arithmetic and samples with the
-same sampler. Side effect kept: like upstream, it replaces each ground truth's
-``bboxes_3d`` by its tensor. A single (not per-class) assigner goes to the original.
+same sampler (the IoU piecewise sampler's counts for the whole batch in one more host
+read, see ``iou_piecewise_sampler``). Side effect kept: like upstream, it replaces each
+ground truth's ``bboxes_3d`` by its tensor. A single (not per-class) assigner goes to the original.
 Equality of every ``SamplingResult`` field is tested in
 ``tests/compat/test_roi_assign.py``.
 """
@@ -22,6 +23,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
+from . import iou_piecewise_sampler
 from ._patch import replace_method
 from .instance_data_index import take_rows
 
@@ -77,7 +79,7 @@ def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
         return []
     counts = torch.stack([c.to(splits[0][0][1].device) for pair in splits
                           for _, c in pair]).tolist()  # the one host wait
-    results = []
+    to_sample = []
     for i, (proposals, gts) in enumerate(zip(proposal_list, batch_gt_instances_3d)):
         (pred_order, _), (gt_order, _) = splits[i]
         pred_rows = _split(pred_order, counts[2 * i], num_classes)
@@ -86,9 +88,21 @@ def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
         boxes = proposals.bboxes_3d
         gt_boxes = gts.bboxes_3d.to(boxes.device)
         assign = _assign_per_class(assigners, proposals, gts, pred_rows, gt_rows)
-        results.append(self.bbox_sampler.sample(assign, boxes.tensor, gt_boxes,
-                                                gts.labels_3d))
-    return results
+        to_sample.append((assign, boxes.tensor, gt_boxes, gts.labels_3d))
+    return _sample_batch(self.bbox_sampler, to_sample)
+
+
+def _sample_batch(sampler, to_sample: list) -> list:
+    """Sample every sample's RoIs; with the IoU piecewise sampler's shim in place, its
+    counts for the whole batch come in one host read (no sampling order changes: the
+    assignment draws no random numbers)."""
+    if not (to_sample and type(sampler).sample is iou_piecewise_sampler.sample
+            and iou_piecewise_sampler.batchable(sampler)):
+        return [sampler.sample(*args) for args in to_sample]
+    counts = torch.stack([iou_piecewise_sampler.piece_counts(sampler, assign)
+                          for assign, *_ in to_sample]).tolist()  # the one wait
+    return [iou_piecewise_sampler.sample_with_counts(sampler, assign, boxes, gt_boxes, n)
+            for (assign, boxes, gt_boxes, _), n in zip(to_sample, counts)]
 
 
 def apply() -> bool:
