@@ -43,6 +43,10 @@ named in ``$MMDET3D_SCALING_SKIP_SHIMS`` (comma-separated module names, e.g.
 |                     |                              | times a sample: whole batch, one wait        |
 | iou_piecewise_      | mmdet3d 1.4.0                | IoUNegPiecewiseSampler waits ~5 times a      |
 |   sampler           |                              | call: one wait, the same random draws        |
+| foreground_seg_     | mmdet3d 1.4.0                | PV-RCNN's point-head targets wait per        |
+|   targets           |                              | sample: one wait a batch                     |
+| rcnn_bbox_targets   | mmdet3d 1.4.0                | PV-RCNN's box-head targets wait 2-5 times a  |
+|                     |                              | sample: torch.where, no wait                 |
 """
 import os
 
@@ -53,14 +57,16 @@ mmcv_ops.apply()  # first: the other shims import mmdet3d, which needs the ops
 from . import amp_cpu, checkpoint, dist_cpu, point_loading, runner_config, spconv_cpu  # noqa: E402,E501
 from . import instance_data_index, kitti_eval_cpu, max_iou_assigner, nuscenes_metric  # noqa: E402,E501
 from . import grouping_backward, point_ops_cpu, pseudo_sampler, rpn_proposal_nms  # noqa: E402,E501
-from . import anchor_targets, iou_piecewise_sampler, roi_assign, stack_query_group  # noqa: E402,E501
+from . import anchor_targets, foreground_seg_targets, iou_piecewise_sampler  # noqa: E402
+from . import rcnn_bbox_targets, roi_assign, stack_query_group  # noqa: E402
 
 # shims by module name, the name $MMDET3D_SCALING_SKIP_SHIMS uses
 _SHIMS = {shim.__name__.rsplit('.', 1)[-1]: shim for shim in (
     checkpoint, spconv_cpu, runner_config, point_loading, amp_cpu, dist_cpu,
     kitti_eval_cpu, nuscenes_metric, point_ops_cpu, max_iou_assigner,
     instance_data_index, pseudo_sampler, grouping_backward, rpn_proposal_nms,
-    stack_query_group, iou_piecewise_sampler, roi_assign, anchor_targets)}
+    stack_query_group, iou_piecewise_sampler, roi_assign, anchor_targets,
+    foreground_seg_targets, rcnn_bbox_targets)}
 SKIP_ENV = 'MMDET3D_SCALING_SKIP_SHIMS'
 
 
@@ -83,4 +89,4 @@ __all__ = ['checkpoint', 'spconv_cpu', 'runner_config', 'point_loading', 'mmcv_o
            'amp_cpu', 'dist_cpu', 'kitti_eval_cpu', 'nuscenes_metric', 'point_ops_cpu',
            'max_iou_assigner', 'instance_data_index', 'pseudo_sampler', 'grouping_backward',
            'rpn_proposal_nms', 'stack_query_group', 'roi_assign', 'anchor_targets',
-           'iou_piecewise_sampler']
+           'iou_piecewise_sampler', 'foreground_seg_targets', 'rcnn_bbox_targets']
