@@ -158,24 +158,29 @@ pv_rcnn_neighbour)
   ;;
 pv_rcnn_shims)
   kitti
-  # The seventh session's shims on the GPU: their CUDA tests, the GPU census of a
+  # The shims that cut host reads, on the GPU: their CUDA tests, the GPU census of a
   # micro-batch (CUDA API calls, host reads, top kernels), the 1-GPU run without the
-  # three shims that cut GPU time and host reads (same machine A/B), then 1 -> 2 GPUs.
-  CUDA_VISIBLE_DEVICES=0 timeout 120 python -m pytest -q -p no:cacheprovider \
+  # seventh and eighth sessions' read shims, without the eighth's only, with all (same
+  # machine A/B), then with all on NPROC GPUs.
+  CUDA_VISIBLE_DEVICES=0 timeout 150 python -m pytest -q -p no:cacheprovider \
     tests/compat/test_grouping_backward.py tests/compat/test_rpn_proposal_nms.py \
     tests/compat/test_stack_query_group.py tests/compat/test_roi_assign.py \
-    tests/engine/test_profiling.py \
-    > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
+    tests/compat/test_anchor_targets.py tests/compat/test_iou_piecewise_sampler.py \
+    tests/compat/test_foreground_seg_targets.py tests/compat/test_rcnn_bbox_targets.py \
+    tests/engine/test_profiling.py > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
   CUDA_VISIBLE_DEVICES=0 timeout ${CENSUS_TIMEOUT:-150} python \
     tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --steps 2 --warmup 3 --launches --cuda-api --top 40 --out "$RES/gpu_census.json" \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} > "$RES/gpu_census.txt" 2>&1
   grep -E "host reads a training step|kernel-running|^profiled" "$RES/gpu_census.txt"
-  MMDET3D_SCALING_SKIP_SHIMS=grouping_backward,rpn_proposal_nms,stack_query_group,roi_assign \
-    CUDA_VISIBLE_DEVICES=0 scaling no_new_shims ${PV_RCNN_TIMEOUT:-110} \
-    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
-    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
-    --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  eighth=anchor_targets,iou_piecewise_sampler,foreground_seg_targets,rcnn_bbox_targets
+  for ab in "no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$eighth" \
+            "no_eighth_shims=$eighth"; do
+    MMDET3D_SCALING_SKIP_SHIMS=${ab#*=} CUDA_VISIBLE_DEVICES=0 scaling ${ab%%=*} \
+      ${PV_RCNN_TIMEOUT:-110} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
+      --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+      --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  done
   scaling shims ${PV_RCNN_TIMEOUT2:-230} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --nproc ${NPROC:-1,2} --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} \
     --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
