@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
+from ._batched_assign import assign_masked
 from ._patch import replace_method
 
 UPSTREAM = 'mmdet3d 1.4.0'
@@ -76,35 +77,6 @@ def _nearest_bev_iou(coordinate: str, gt_boxes: Tensor, anchors: Tensor) -> Tens
                          anchor_bev.expand(batch, -1, -1))
 
 
-def _assign(assigner, overlaps: Tensor, valid: Tensor) -> Tensor:
-    """``Max3DIoUAssigner``'s ``gt_inds`` for every sample at once: (B, A) with -1
-    ignore, 0 background, k the sample's k-th ground truth (1-based). ``valid`` (B, G)
-    marks the ground truths the class's assigner sees; a sample without any gets all
-    anchors as background, as upstream does for an empty class."""
-    overlaps = overlaps.masked_fill(~valid[..., None], -1)  # never a max, never a match
-    max_overlaps, argmax_overlaps = overlaps.max(dim=1)
-    gt_max, gt_argmax = overlaps.max(dim=2)
-    gt_inds = torch.full_like(argmax_overlaps, -1)
-    neg_thr = assigner.neg_iou_thr
-    if isinstance(neg_thr, float):
-        gt_inds = torch.where((max_overlaps >= 0) & (max_overlaps < neg_thr), 0, gt_inds)
-    elif isinstance(neg_thr, tuple):
-        low, high = neg_thr
-        gt_inds = torch.where((max_overlaps >= low) & (max_overlaps < high), 0, gt_inds)
-    gt_inds = torch.where(max_overlaps >= assigner.pos_iou_thr, argmax_overlaps + 1,
-                          gt_inds)
-    if assigner.match_low_quality:  # later gts win where the upstream loop overwrites
-        ids = torch.arange(1, overlaps.size(1) + 1, device=overlaps.device)
-        ids = torch.where(valid & (gt_max >= assigner.min_pos_iou), ids, 0)
-        if assigner.gt_max_assign_all:
-            at_best = overlaps == gt_max[..., None]
-            matched = torch.where(at_best, ids[..., None].int(), 0).amax(dim=1).long()
-        else:
-            matched = torch.zeros_like(gt_inds).scatter_reduce(1, gt_argmax, ids, 'amax')
-        gt_inds = torch.where(matched > 0, matched, gt_inds)
-    return torch.where(valid.any(dim=1, keepdim=True), gt_inds, 0)
-
-
 def _class_targets(head, anchors: Tensor, gt_boxes: Tensor, gt_labels: Tensor,
                    gt_inds: Tensor, num_classes: int) -> Tuple[Tensor, ...]:
     """One class's targets, (B, A[, code]) each, as ``anchor_target_single_assigner``
@@ -155,7 +127,7 @@ def _batch_targets(head, anchors: Tensor, gts: Sequence, num_classes: int):
         if gt_boxes.size(1) > 0:
             iou = _nearest_bev_iou(assigner.iou_calculator.coordinate, gt_boxes,
                                    class_anchors)
-            gt_inds = _assign(assigner, iou, valid)
+            gt_inds, _ = assign_masked(assigner, iou, valid[..., None])
         else:
             gt_inds = anchors.new_zeros(batch, len(class_anchors), dtype=torch.long)
         counts += torch.stack([(gt_inds > 0).sum(1), (gt_inds == 0).sum(1)])

@@ -7,14 +7,19 @@ masks on ``InstanceData`` (a host wait each), the ground truths' indices with
 three times (``x[mask] = values``: an index computed from the mask each time). With 3
 classes that is ~18 host waits a sample.
 
-The shim groups proposals and ground truths by label with one stable sort each and
-reads every sample's per-class counts at once (one host wait a batch), then runs the
-same per-class assigner on the same rows (gathered by index, in the same ascending
-order a mask gives), combines the results with the same arithmetic and samples with the
-same sampler (the IoU piecewise sampler's counts for the whole batch in one more host
-read, see ``iou_piecewise_sampler``). Side effect kept: like upstream, it replaces each
-ground truth's ``bboxes_3d`` by its tensor. A single (not per-class) assigner goes to the original.
-Equality of every ``SamplingResult`` field is tested in
+With PV-RCNN's assigners (``Max3DIoUAssigner`` on ``BboxOverlaps3D``, one a class) the
+shim assigns the whole batch at once: one 3D IoU of all ground truths with all
+proposals (each pair computed on its own, as in a per-sample call; the same-sample
+blocks kept), then per class the assigner's rules on the pairs of that class (the
+shared ``assign_masked``: same negatives, positives, low-quality matches and ties) --
+a few dozen operators a batch instead of ~50 a sample and class, and no host wait. Other
+per-class assigners get the class split instead: proposals and ground truths grouped by
+label with one stable sort, every sample's per-class counts read at once, the
+assigners themselves run on the same rows. Either way the same sampler follows (the IoU
+piecewise sampler's counts for the whole batch, and the ground-truth counts, in one
+host read, see ``iou_piecewise_sampler``). Side effect kept: like upstream, it replaces
+each ground truth's ``bboxes_3d`` by its tensor. A single (not per-class) assigner goes
+to the original. Equality of every ``SamplingResult`` field is tested in
 ``tests/compat/test_roi_assign.py``.
 """
 from typing import List
@@ -22,8 +27,10 @@ from typing import List
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from . import iou_piecewise_sampler
+from ._batched_assign import assign_masked
 from ._patch import replace_method
 from .instance_data_index import take_rows
 
@@ -66,41 +73,125 @@ def _assign_per_class(assigners, proposals, gts, pred_rows, gt_rows):
     return AssignResult(num_gts, gt_inds, max_overlaps, labels)
 
 
-def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
-    """``PVRCNNRoIHead._assign_and_sample`` with one host wait a batch for the class
-    split (see the module doc)."""
-    assigners = self.bbox_assigner
-    if not isinstance(assigners, list):
-        return assign_and_sample.original(self, proposal_list, batch_gt_instances_3d)
+def _batchable(assigners) -> bool:
+    """Per-class ``Max3DIoUAssigner``s on one 3D IoU: the batched path computes exactly
+    what they would."""
+    from mmdet3d.models.task_modules import Max3DIoUAssigner
+    from mmdet3d.structures import BboxOverlaps3D
+    calculators = [a.iou_calculator for a in assigners]
+    return (all(type(a) is Max3DIoUAssigner for a in assigners)
+            and all(type(c) is BboxOverlaps3D and c.coordinate == calculators[0].coordinate
+                    for c in calculators))
+
+
+def _assign_batch(assigners, proposal_list, gts_list):
+    """Every sample's per-class assignment at once: the IoU of all ground truths with all
+    proposals of the batch (its same-sample blocks kept), then the assigner's rules per
+    class on the pairs of that class. No host wait; the ground-truth counts
+    (``num_gts``) stay on the device, (B, )."""
+    from mmdet.models.task_modules import AssignResult
+    boxes = [p.bboxes_3d.tensor for p in proposal_list]
+    device = boxes[0].device
+    labels = pad_sequence([p.labels_3d.to(device) for p in proposal_list], batch_first=True,
+                          padding_value=-1)
+    gt_labels = pad_sequence([g.labels_3d.to(device) for g in gts_list], batch_first=True,
+                             padding_value=-1)
+    batch, num_props = labels.shape
+    gt_inds = gt_labels.new_zeros((batch, num_props))  # 0: background
+    max_overlaps = boxes[0].new_zeros((batch, num_props))
+    if gt_labels.size(1) > 0 and num_props > 0:
+        iou = _same_sample_iou(assigners[0].iou_calculator, boxes,
+                               [g.bboxes_3d.to(device) for g in gts_list])
+        for cls, assigner in enumerate(assigners):
+            mine = labels == cls
+            valid = (gt_labels == cls)[:, :, None] & mine[:, None, :]
+            cls_inds, cls_overlaps = assign_masked(assigner, iou, valid)
+            gt_inds = torch.where(mine, cls_inds.to(gt_inds.dtype), gt_inds)
+            max_overlaps = torch.where(mine, cls_overlaps.to(max_overlaps.dtype),
+                                       max_overlaps)
+        matched = gt_labels.gather(1, (gt_inds - 1).clamp(min=0))
+        assigned_labels = torch.where(gt_inds > 0, matched, -1)
+    else:
+        assigned_labels = torch.full_like(gt_inds, -1)
+    num_gts = ((gt_labels >= 0) & (gt_labels < len(assigners))).sum(1)
+    return [AssignResult(0, gt_inds[b, :len(rows)], max_overlaps[b, :len(rows)],
+                         assigned_labels[b, :len(rows)])
+            for b, rows in enumerate(boxes)], num_gts
+
+
+def _same_sample_iou(calculator, boxes: List[Tensor], gt_boxes: List[Tensor]) -> Tensor:
+    """(B, G, P): each sample's (padded) ground truths against its (padded) proposals,
+    taken from one IoU of the whole batch's (each pair computed on its own, as in a
+    per-sample call). Padding rows are unit boxes, never matched."""
+    def padded(rows):
+        out = pad_sequence(rows, batch_first=True)
+        real = pad_sequence([r.new_ones(len(r), dtype=torch.bool) for r in rows],
+                            batch_first=True)
+        return torch.where(real[..., None], out, torch.ones_like(out))
+    props, gts = padded(boxes), padded(gt_boxes)
+    (batch, num_props, code), num_gts = props.shape, gts.size(1)
+    iou = calculator(gts.reshape(-1, code), props.reshape(-1, code))
+    return torch.diagonal(iou.view(batch, num_gts, batch, num_props), dim1=0,
+                          dim2=2).permute(2, 0, 1)
+
+
+def _assign_split(assigners, proposal_list, gts_list):
+    """Any per-class assigners: each sample's classes split with one host wait a batch,
+    then the assigners themselves."""
     num_classes = len(assigners)
     splits = [(_by_label(p.labels_3d, num_classes), _by_label(g.labels_3d, num_classes))
-              for p, g in zip(proposal_list, batch_gt_instances_3d)]
-    if not splits:
-        return []
+              for p, g in zip(proposal_list, gts_list)]
     counts = torch.stack([c.to(splits[0][0][1].device) for pair in splits
                           for _, c in pair]).tolist()  # the one host wait
-    to_sample = []
-    for i, (proposals, gts) in enumerate(zip(proposal_list, batch_gt_instances_3d)):
+    assigns = []
+    for i, (proposals, gts) in enumerate(zip(proposal_list, gts_list)):
         (pred_order, _), (gt_order, _) = splits[i]
         pred_rows = _split(pred_order, counts[2 * i], num_classes)
         gt_rows = _split(gt_order, counts[2 * i + 1], num_classes)
+        assigns.append(_assign_per_class(assigners, proposals, gts, pred_rows, gt_rows))
+    return assigns, [a.num_gts for a in assigns]
+
+
+def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
+    """``PVRCNNRoIHead._assign_and_sample`` with one host wait a batch (see the module
+    doc)."""
+    assigners = self.bbox_assigner
+    if not isinstance(assigners, list):
+        return assign_and_sample.original(self, proposal_list, batch_gt_instances_3d)
+    if not proposal_list:
+        return []
+    for gts in batch_gt_instances_3d:
         gts.bboxes_3d = gts.bboxes_3d.tensor  # as upstream: later steps expect a tensor
-        boxes = proposals.bboxes_3d
-        gt_boxes = gts.bboxes_3d.to(boxes.device)
-        assign = _assign_per_class(assigners, proposals, gts, pred_rows, gt_rows)
-        to_sample.append((assign, boxes.tensor, gt_boxes, gts.labels_3d))
-    return _sample_batch(self.bbox_sampler, to_sample)
+    assign = _assign_batch if _batchable(assigners) else _assign_split
+    assigns, num_gts = assign(assigners, proposal_list, batch_gt_instances_3d)
+    to_sample = [(a, p.bboxes_3d.tensor, g.bboxes_3d.to(p.bboxes_3d.device), g.labels_3d)
+                 for a, p, g in zip(assigns, proposal_list, batch_gt_instances_3d)]
+    return _sample_batch(self.bbox_sampler, to_sample, num_gts)
 
 
-def _sample_batch(sampler, to_sample: list) -> list:
-    """Sample every sample's RoIs; with the IoU piecewise sampler's shim in place, its
-    counts for the whole batch come in one host read (no sampling order changes: the
-    assignment draws no random numbers)."""
-    if not (to_sample and type(sampler).sample is iou_piecewise_sampler.sample
-            and iou_piecewise_sampler.batchable(sampler)):
+def _sample_batch(sampler, to_sample: list, num_gts) -> list:
+    """Sample every sample's RoIs. ``num_gts`` (ints, or a device tensor still to read)
+    goes into the assign results first. With the IoU piecewise sampler's shim in place,
+    its counts for the whole batch come in the same single host read (no sampling order
+    changes: the assignment draws no random numbers)."""
+    on_device = isinstance(num_gts, Tensor)
+    batched = (type(sampler).sample is iou_piecewise_sampler.sample
+               and iou_piecewise_sampler.batchable(sampler))
+    counts = None
+    if batched:
+        counts = torch.stack([iou_piecewise_sampler.piece_counts(sampler, assign)
+                              for assign, *_ in to_sample])
+        if on_device:
+            counts = torch.cat([counts, num_gts[:, None].to(counts)], dim=1)
+        counts = counts.tolist()  # the one wait
+        if on_device:
+            num_gts, counts = [c[-1] for c in counts], [c[:-1] for c in counts]
+    elif on_device:
+        num_gts = num_gts.tolist()  # the one wait
+    for (assign, *_), n in zip(to_sample, num_gts):
+        assign.num_gts = n
+    if not batched:
         return [sampler.sample(*args) for args in to_sample]
-    counts = torch.stack([iou_piecewise_sampler.piece_counts(sampler, assign)
-                          for assign, *_ in to_sample]).tolist()  # the one wait
     return [iou_piecewise_sampler.sample_with_counts(sampler, assign, boxes, gt_boxes, n)
             for (assign, boxes, gt_boxes, _), n in zip(to_sample, counts)]
 

@@ -50,9 +50,10 @@ def _sample(num_gts, num_random, seed, gt_labels=None):
     return pred, gts
 
 
-def _batch(seed):
-    return [_sample(6, 40, seed), _sample(0, 12, seed + 1), _sample(3, 0, seed + 2),
-            _sample(5, 30, seed + 3, gt_labels=[2, 2, 2, 2, 2])]
+def _batch(seed, device='cpu'):
+    batch = [_sample(6, 40, seed), _sample(0, 12, seed + 1), _sample(3, 0, seed + 2),
+             _sample(5, 30, seed + 3, gt_labels=[2, 2, 2, 2, 2])]
+    return [(p.to(device), g.to(device)) for p, g in batch]
 
 
 def _run(fn, head, batch, seed=123):
@@ -69,9 +70,33 @@ def test_the_shim_is_in_place():
     assert shim.assign_and_sample.original is ORIGINAL
 
 
+def _variant(head, name):
+    """PV-RCNN's head, or with other assigner rules: low-quality matching off, the
+    argmax-only low-quality match, or a nearest-BEV IoU (the class-split path)."""
+    if name == 'pv_rcnn':
+        return head
+    head = copy.deepcopy(head)
+    for assigner in head.bbox_assigner:
+        if name == 'no_low_quality':
+            assigner.match_low_quality = False
+        elif name == 'argmax_only':
+            assigner.gt_max_assign_all, assigner.min_pos_iou = False, 0.1
+        elif name == 'nearest_bev':
+            from mmdet3d.structures import BboxOverlapsNearest3D
+            assigner.iou_calculator = BboxOverlapsNearest3D(coordinate='lidar')
+    return head
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+
+
+@pytest.mark.parametrize('variant,device', [
+    ('pv_rcnn', 'cpu'), ('no_low_quality', 'cpu'), ('argmax_only', 'cpu'),
+    ('nearest_bev', 'cpu'), pytest.param('pv_rcnn', 'cuda', marks=CUDA)])
 @pytest.mark.parametrize('seed', [0, 1, 2])
-def test_same_sampling_results_as_mmdet3d(head, seed):
-    batch = _batch(seed)
+def test_same_sampling_results_as_mmdet3d(head, seed, variant, device):
+    head = _variant(head, variant)
+    batch = _batch(seed, device)
     (ours, our_gts), (theirs, their_gts) = (_run(shim.assign_and_sample, head, batch),
                                             _run(ORIGINAL, head, batch))
     assert len(ours) == len(theirs) == len(batch)
@@ -91,7 +116,11 @@ def test_same_sampling_results_as_mmdet3d(head, seed):
         assert torch.equal(a.bboxes_3d, b.bboxes_3d)
 
 
-def test_two_reads_a_batch(head):
+@pytest.mark.parametrize('variant,reads', [('pv_rcnn', 1), ('nearest_bev', 2)])
+def test_host_reads_a_batch(head, variant, reads):
+    """One (batched assignment, the sampler's and ground-truth counts together) or two
+    (the class split first) against upstream's per sample and class."""
+    head = _variant(head, variant)
     batch = _batch(0)
     counts = []
     for fn in (shim.assign_and_sample, ORIGINAL):
@@ -100,8 +129,7 @@ def test_two_reads_a_batch(head):
         counts.append(census)
     ours, theirs = counts
     here = 'compat/roi_assign.py'
-    # the class split and the IoU piecewise sampler's counts, each once a batch
-    assert sum(s['count'] for s in ours.sites(50) if here in s['site']) == ours.total == 2
+    assert sum(s['count'] for s in ours.sites(50) if here in s['site']) == ours.total == reads
     # upstream: per sample and class, two masked InstanceData (one read each with the
     # instance_data_index shim) and one nonzero; the sampler (shim) one read a sample
     assert theirs.total == 3 * 3 * len(batch) + len(batch)
