@@ -14,7 +14,8 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # shim GPU tests, GPU census, A/B, 1 -> 2
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
-# AUTO_BATCH_WORKERS, NPROC (pv_rcnn_shims' GPU counts; 1 on a one-GPU machine).
+# AUTO_BATCH_WORKERS, NPROC (pv_rcnn and pv_rcnn_shims' GPU counts; 1 on a one-GPU machine),
+# AB (pv_rcnn_shims' A/B runs: space-separated NAME=SHIM,SHIM,... skipped in run NAME).
 # Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
@@ -65,7 +66,7 @@ pv_rcnn)
   # 'allreduce'), 2 loader workers a rank, 1 -> 2 GPUs, then stock mmdet3d on 1 GPU.
   # COMM_RUN= adds the comm-off runs, PROFILE_STEPS=3 the torch.profiler runs.
   scaling pv_rcnn_b8 ${PV_RCNN_TIMEOUT:-330} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
-    --nproc 1,2 --iters 12 --warmup 3 ${COMM_RUN---no-comm-run} \
+    --nproc ${NPROC:-1,2} --iters 12 --warmup 3 ${COMM_RUN---no-comm-run} \
     --profile-steps ${PROFILE_STEPS:-0} \
     --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
@@ -174,8 +175,8 @@ pv_rcnn_shims)
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} > "$RES/gpu_census.txt" 2>&1
   grep -E "host reads a training step|kernel-running|^profiled" "$RES/gpu_census.txt"
   eighth=anchor_targets,iou_piecewise_sampler,foreground_seg_targets,rcnn_bbox_targets
-  for ab in "no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$eighth" \
-            "no_eighth_shims=$eighth"; do
+  for ab in ${AB:-"no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$eighth" \
+                 "no_eighth_shims=$eighth"}; do
     MMDET3D_SCALING_SKIP_SHIMS=${ab#*=} CUDA_VISIBLE_DEVICES=0 scaling ${ab%%=*} \
       ${PV_RCNN_TIMEOUT:-110} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
       --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
