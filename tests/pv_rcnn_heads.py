@@ -1,4 +1,6 @@
-"""PV-RCNN's own heads, built from the plugin's CPU PV-RCNN config (for shim tests)."""
+"""PV-RCNN's own heads, built from the plugin's CPU PV-RCNN config, and the comparison
+of sampling results (for shim tests)."""
+import torch
 from mmengine.config import Config
 
 CONFIG = 'configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py'
@@ -13,3 +15,14 @@ def build_pv_rcnn_head(head: str, stage: str):
     model = Config.fromfile(CONFIG).model
     return MODELS.build(dict(model[head], train_cfg=model.train_cfg[stage],
                              test_cfg=model.test_cfg[stage]))
+
+
+def assert_same_sampling_result(ours, theirs, required: set) -> None:
+    """Every tensor field of two ``SamplingResult``s equal (dtype, shape, values), and
+    the ``required`` fields among them."""
+    fields = {k for k, v in vars(theirs).items() if isinstance(v, torch.Tensor)}
+    assert fields == {k for k, v in vars(ours).items() if isinstance(v, torch.Tensor)}
+    assert required <= fields
+    for k in sorted(fields):
+        x, y = getattr(ours, k), getattr(theirs, k)
+        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k

@@ -15,7 +15,7 @@ from mmdet.models.task_modules import AssignResult
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import iou_piecewise_sampler as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
-from tests.pv_rcnn_heads import build_pv_rcnn_head
+from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
 ORIGINAL = shim.sample.original
 DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
@@ -77,12 +77,8 @@ def test_the_shim_is_in_place():
 def test_same_sampling_result_as_mmdet3d(sampler, case, seed, device):
     ours, theirs = (_draw(fn, sampler, case, seed, device) for fn in (shim.sample,
                                                                        ORIGINAL))
-    fields = {k for k, v in vars(theirs).items() if isinstance(v, torch.Tensor)}
-    assert fields == {k for k, v in vars(ours).items() if isinstance(v, torch.Tensor)}
-    assert {'pos_inds', 'neg_inds', 'iou', 'pos_assigned_gt_inds'} <= fields
-    for k in sorted(fields):
-        x, y = getattr(ours, k), getattr(theirs, k)
-        assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k
+    assert_same_sampling_result(ours, theirs,
+                                {'pos_inds', 'neg_inds', 'iou', 'pos_assigned_gt_inds'})
     assert len(theirs.pos_inds) + len(theirs.neg_inds) == sampler.num or \
         CASES[case][1] + CASES[case][2] == 0
 

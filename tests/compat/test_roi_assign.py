@@ -13,7 +13,7 @@ from mmengine.structures import InstanceData
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import roi_assign as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
-from tests.pv_rcnn_heads import build_pv_rcnn_head
+from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
 ORIGINAL = shim.assign_and_sample.original
 
@@ -102,12 +102,8 @@ def test_same_sampling_results_as_mmdet3d(head, seed, variant, device):
     assert len(ours) == len(theirs) == len(batch)
     positives = 0
     for a, b in zip(ours, theirs):
-        fields = {k for k, v in vars(b).items() if isinstance(v, torch.Tensor)}
-        assert fields == {k for k, v in vars(a).items() if isinstance(v, torch.Tensor)}
-        assert {'pos_inds', 'neg_inds', 'pos_assigned_gt_inds', 'pos_gt_bboxes'} <= fields
-        for k in sorted(fields):
-            x, y = getattr(a, k), getattr(b, k)
-            assert x.dtype == y.dtype and x.shape == y.shape and torch.equal(x, y), k
+        assert_same_sampling_result(
+            a, b, {'pos_inds', 'neg_inds', 'pos_assigned_gt_inds', 'pos_gt_bboxes'})
         assert a.num_gts == b.num_gts
         positives += len(b.pos_inds)
     assert positives > 0  # the cases do assign positives
