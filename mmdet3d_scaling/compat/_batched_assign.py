@@ -1,9 +1,20 @@
 """``MaxIoUAssigner``'s rules for a whole batch at once, on padded, masked IoUs (shared by
 the ``anchor_targets`` and ``roi_assign`` shims)."""
-from typing import Tuple
+from typing import List, Tuple
 
 import torch
 from torch import Tensor
+
+# The most (ground truth, prior) pairs one batched IoU may hold: 2**25 float32 values are
+# 128 MiB a tensor, and an IoU takes a handful of them. Larger batches go in chunks.
+MAX_PAIRS = 2**25
+
+
+def sample_chunks(batch: int, pairs_a_sample: int) -> List[slice]:
+    """Consecutive sample ranges whose IoUs hold at most ``MAX_PAIRS`` pairs each (one
+    sample at least)."""
+    step = max(1, MAX_PAIRS // max(1, pairs_a_sample))
+    return [slice(lo, min(lo + step, batch)) for lo in range(0, batch, step)]
 
 
 def assign_masked(assigner, overlaps: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:

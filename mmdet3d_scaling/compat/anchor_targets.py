@@ -12,10 +12,11 @@ truths padded to the batch's largest count (rows of other classes masked out of 
 IoU), the same nearest-BEV IoU and the same max-IoU assignment rules as
 ``Max3DIoUAssigner`` (negatives, positives, low-quality matches with the same winner on
 ties), targets encoded by the head's own box coder and direction rule, and the positive
-and negative counts read once a batch. It handles the common case -- per-class
-``Max3DIoUAssigner`` with ``BboxOverlapsNearest3D``, the pseudo sampler, one tensor of
-anchors shared by all samples, no ignored boxes -- and hands anything else to the
-original. Equality of every target and the losses with the original is tested in
+and negative counts read once a batch (batches whose IoU would exceed
+``_batched_assign.MAX_PAIRS`` pairs a class go a few samples at a time). It handles the
+common case -- per-class ``Max3DIoUAssigner`` with ``BboxOverlapsNearest3D``, the pseudo
+sampler, one tensor of anchors shared by all samples, no ignored boxes -- and hands
+anything else to the original. Equality of every target and the losses with the original is tested in
 ``tests/compat/test_anchor_targets.py``.
 """
 from typing import List, Optional, Sequence, Tuple
@@ -24,7 +25,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from ._batched_assign import assign_masked
+from ._batched_assign import assign_masked, sample_chunks
 from ._patch import replace_method
 
 UPSTREAM = 'mmdet3d 1.4.0'
@@ -125,9 +126,11 @@ def _batch_targets(head, anchors: Tensor, gts: Sequence, num_classes: int):
         class_anchors = anchors[..., cls, :, :].reshape(-1, code)
         valid = gt_labels == cls
         if gt_boxes.size(1) > 0:
-            iou = _nearest_bev_iou(assigner.iou_calculator.coordinate, gt_boxes,
-                                   class_anchors)
-            gt_inds, _ = assign_masked(assigner, iou, valid[..., None])
+            coordinate = assigner.iou_calculator.coordinate
+            gt_inds = torch.cat([assign_masked(
+                assigner, _nearest_bev_iou(coordinate, gt_boxes[part], class_anchors),
+                valid[part, :, None])[0] for part in sample_chunks(
+                    batch, gt_boxes.size(1) * len(class_anchors))])
         else:
             gt_inds = anchors.new_zeros(batch, len(class_anchors), dtype=torch.long)
         counts += torch.stack([(gt_inds > 0).sum(1), (gt_inds == 0).sum(1)])

@@ -30,6 +30,7 @@ from torch.nn import functional as F
 from torch.nn.utils.rnn import pad_sequence
 
 from . import iou_piecewise_sampler
+from . import _batched_assign
 from ._batched_assign import assign_masked
 from ._patch import replace_method
 from .instance_data_index import take_rows
@@ -122,7 +123,8 @@ def _assign_batch(assigners, proposal_list, gts_list):
 def _same_sample_iou(calculator, boxes: List[Tensor], gt_boxes: List[Tensor]) -> Tensor:
     """(B, G, P): each sample's (padded) ground truths against its (padded) proposals,
     taken from one IoU of the whole batch's (each pair computed on its own, as in a
-    per-sample call). Padding rows are unit boxes, never matched."""
+    per-sample call), or sample by sample where that IoU would exceed ``MAX_PAIRS``.
+    Padding rows are unit boxes, never matched."""
     def padded(rows):
         out = pad_sequence(rows, batch_first=True)
         real = pad_sequence([r.new_ones(len(r), dtype=torch.bool) for r in rows],
@@ -130,6 +132,8 @@ def _same_sample_iou(calculator, boxes: List[Tensor], gt_boxes: List[Tensor]) ->
         return torch.where(real[..., None], out, torch.ones_like(out))
     props, gts = padded(boxes), padded(gt_boxes)
     (batch, num_props, code), num_gts = props.shape, gts.size(1)
+    if batch * batch * num_gts * num_props > _batched_assign.MAX_PAIRS:  # one by one
+        return torch.stack([calculator(g, p) for g, p in zip(gts, props)])
     iou = calculator(gts.reshape(-1, code), props.reshape(-1, code))
     return torch.diagonal(iou.view(batch, num_gts, batch, num_props), dim1=0,
                           dim2=2).permute(2, 0, 1)

@@ -164,3 +164,17 @@ def test_one_read_a_batch(head):
     ours, theirs = censuses
     assert ours.total == 1
     assert theirs.total >= 2 * 3 * len(gts)  # two class masks a sample and class
+
+
+def test_large_batches_go_in_chunks(head, monkeypatch):
+    """Above MAX_PAIRS (ground truth, anchor) pairs a class the batch is assigned a few
+    samples at a time: the same targets."""
+    from mmdet3d_scaling.compat import _batched_assign
+    gts = _batch(head, 0, 'cpu')
+    theirs = _targets(ORIGINAL, head, gts, 'cpu')
+    # padded ground truths x one class's anchors (2 rotations a cell)
+    per_sample = max(len(g.labels_3d) for g in gts) * FEATMAP[0] * FEATMAP[1] * 2
+    assert _batched_assign.sample_chunks(len(gts), per_sample)[0] == slice(0, len(gts))
+    monkeypatch.setattr(_batched_assign, 'MAX_PAIRS', 2 * per_sample)
+    assert len(_batched_assign.sample_chunks(len(gts), per_sample)) == 2
+    _assert_same(_targets(shim.anchor_target_3d, head, gts, 'cpu'), theirs)

@@ -129,3 +129,15 @@ def test_host_reads_a_batch(head, variant, reads):
     # upstream: per sample and class, two masked InstanceData (one read each with the
     # instance_data_index shim) and one nonzero; the sampler (shim) one read a sample
     assert theirs.total == 3 * 3 * len(batch) + len(batch)
+
+
+def test_large_batches_take_their_ious_sample_by_sample(head, monkeypatch):
+    """Above MAX_PAIRS the whole-batch IoU is replaced by one IoU a sample: the same
+    sampling results."""
+    from mmdet3d_scaling.compat import _batched_assign
+    monkeypatch.setattr(_batched_assign, 'MAX_PAIRS', 100)
+    batch = _batch(1)
+    (ours, _), (theirs, _) = (_run(shim.assign_and_sample, head, batch),
+                              _run(ORIGINAL, head, batch))
+    for a, b in zip(ours, theirs):
+        assert_same_sampling_result(a, b, {'pos_inds', 'neg_inds'})
