@@ -12,8 +12,10 @@ shim assigns the whole batch at once: one 3D IoU of all ground truths with all
 proposals (each pair computed on its own, as in a per-sample call; the same-sample
 blocks kept), then per class the assigner's rules on the pairs of that class (the
 shared ``assign_masked``: same negatives, positives, low-quality matches and ties) --
-a few dozen operators a batch instead of ~50 a sample and class, and no host wait. Other
-per-class assigners get the class split instead: proposals and ground truths grouped by
+a few dozen operators a batch instead of ~50 a sample and class, and no host wait (on a
+GPU: on a CPU, where mmcv's rotated IoU runs an operator a box pair and host reads are
+free, the class split below is faster and used instead). Other per-class assigners get
+the class split too: proposals and ground truths grouped by
 label with one stable sort, every sample's per-class counts read at once, the
 assigners themselves run on the same rows. Either way the same sampler follows (the IoU
 piecewise sampler's counts for the whole batch, and the ground-truth counts, in one
@@ -36,6 +38,9 @@ from ._patch import replace_method
 from .instance_data_index import take_rows
 
 UPSTREAM = 'mmdet3d 1.4.0'
+# On a CPU mmcv's rotated IoU runs an operator a box pair and a host read costs nothing:
+# there the class split (fewer pairs) is the faster path; the batched one is for GPUs.
+BATCHED_ON_CPU = False
 
 
 def _by_label(labels: Tensor, num_classes: int):
@@ -166,7 +171,9 @@ def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
         return []
     for gts in batch_gt_instances_3d:
         gts.bboxes_3d = gts.bboxes_3d.tensor  # as upstream: later steps expect a tensor
-    assign = _assign_batch if _batchable(assigners) else _assign_split
+    on_cpu = proposal_list[0].bboxes_3d.tensor.device.type == 'cpu'
+    batched = _batchable(assigners) and (BATCHED_ON_CPU or not on_cpu)
+    assign = _assign_batch if batched else _assign_split
     assigns, num_gts = assign(assigners, proposal_list, batch_gt_instances_3d)
     to_sample = [(a, p.bboxes_3d.tensor, g.bboxes_3d.to(p.bboxes_3d.device), g.labels_3d)
                  for a, p, g in zip(assigns, proposal_list, batch_gt_instances_3d)]

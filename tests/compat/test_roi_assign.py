@@ -73,7 +73,7 @@ def test_the_shim_is_in_place():
 def _variant(head, name):
     """PV-RCNN's head, or with other assigner rules: low-quality matching off, the
     argmax-only low-quality match, or a nearest-BEV IoU (the class-split path)."""
-    if name == 'pv_rcnn':
+    if name in ('pv_rcnn', 'split'):
         return head
     head = copy.deepcopy(head)
     for assigner in head.bbox_assigner:
@@ -90,11 +90,19 @@ def _variant(head, name):
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 
 
+@pytest.fixture
+def batched_on_cpu(monkeypatch):
+    """The GPU's batched assignment on the CPU too (the CPU's own path is the class
+    split: the 'split' variant)."""
+    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', True)
+
+
 @pytest.mark.parametrize('variant,device', [
     ('pv_rcnn', 'cpu'), ('no_low_quality', 'cpu'), ('argmax_only', 'cpu'),
-    ('nearest_bev', 'cpu'), pytest.param('pv_rcnn', 'cuda', marks=CUDA)])
+    ('nearest_bev', 'cpu'), ('split', 'cpu'), pytest.param('pv_rcnn', 'cuda', marks=CUDA)])
 @pytest.mark.parametrize('seed', [0, 1, 2])
-def test_same_sampling_results_as_mmdet3d(head, seed, variant, device):
+def test_same_sampling_results_as_mmdet3d(head, seed, variant, device, monkeypatch):
+    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', variant != 'split')
     head = _variant(head, variant)
     batch = _batch(seed, device)
     (ours, our_gts), (theirs, their_gts) = (_run(shim.assign_and_sample, head, batch),
@@ -112,10 +120,12 @@ def test_same_sampling_results_as_mmdet3d(head, seed, variant, device):
         assert torch.equal(a.bboxes_3d, b.bboxes_3d)
 
 
-@pytest.mark.parametrize('variant,reads', [('pv_rcnn', 1), ('nearest_bev', 2)])
-def test_host_reads_a_batch(head, variant, reads):
+@pytest.mark.parametrize('variant,reads', [('pv_rcnn', 1), ('nearest_bev', 2),
+                                           ('split', 2)])
+def test_host_reads_a_batch(head, variant, reads, monkeypatch):
     """One (batched assignment, the sampler's and ground-truth counts together) or two
     (the class split first) against upstream's per sample and class."""
+    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', variant != 'split')
     head = _variant(head, variant)
     batch = _batch(0)
     counts = []
@@ -131,7 +141,8 @@ def test_host_reads_a_batch(head, variant, reads):
     assert theirs.total == 3 * 3 * len(batch) + len(batch)
 
 
-def test_large_batches_take_their_ious_sample_by_sample(head, monkeypatch):
+def test_large_batches_take_their_ious_sample_by_sample(head, batched_on_cpu,
+                                                       monkeypatch):
     """Above MAX_PAIRS the whole-batch IoU is replaced by one IoU a sample: the same
     sampling results."""
     from mmdet3d_scaling.compat import _batched_assign
