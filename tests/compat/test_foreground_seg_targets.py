@@ -17,6 +17,8 @@ from mmdet3d_scaling.engine.host_reads import HostReadCensus
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.get_targets.original
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs a CUDA GPU'))]
 
 
 @pytest.fixture(scope='module')
@@ -52,12 +54,14 @@ def _case(seed):
     return points[torch.randperm(len(points), generator=gen)], gts
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('num_classes', [1, 3])
 @pytest.mark.parametrize('seed', [0, 1])
-def test_same_targets_as_mmdet3d(head, seed, num_classes):
+def test_same_targets_as_mmdet3d(head, seed, num_classes, device):
     head = copy.deepcopy(head)
     head.num_classes = num_classes
     points, gts = _case(seed)
+    points, gts = points.to(device), [g.to(device) for g in gts]
     ours = shim.get_targets(head, points, copy.deepcopy(gts))['seg_targets']
     theirs = ORIGINAL(head, points, copy.deepcopy(gts))['seg_targets']
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)

@@ -15,6 +15,8 @@ from mmdet3d_scaling.engine.host_reads import HostReadCensus
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.get_target_single.original
+DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
+    not torch.cuda.is_available(), reason='needs a CUDA GPU'))]
 
 
 @pytest.fixture(scope='module')
@@ -33,17 +35,19 @@ def _case(num_pos, num_neg, seed):
     return rois, gts, ious
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('num_pos,num_neg', [(40, 88), (0, 128), (5, 0), (0, 0)])
-def test_same_targets_as_mmdet3d(roi_head, num_pos, num_neg):
+def test_same_targets_as_mmdet3d(roi_head, num_pos, num_neg, device):
     head, cfg = roi_head.bbox_head, roi_head.train_cfg
-    rois, gts, ious = _case(num_pos, num_neg, seed=num_pos + num_neg)
+    case = _case(num_pos, num_neg, seed=num_pos + num_neg)
+    rois, gts, ious = (t.to(device) for t in case)
     ours = shim.get_target_single(head, rois.clone(), gts.clone(), ious.clone(), cfg)
     theirs = ORIGINAL(head, rois.clone(), gts.clone(), ious.clone(), cfg)
     names = ['label', 'bbox_targets', 'pos_gt_bboxes', 'reg_mask', 'label_weights',
              'bbox_weights']
     for name, a, b in zip(names, ours, theirs):
         assert a.dtype == b.dtype and a.shape == b.shape, name
-        if name == 'bbox_targets':  # where() on all rows vs masked writes: CPU SIMD ulps
+        if name == 'bbox_targets':  # where() on all rows vs masked writes: SIMD ulps
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
         else:
             assert torch.equal(a, b), name
