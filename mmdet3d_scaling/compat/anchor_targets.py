@@ -1,23 +1,25 @@
-"""mmdet3d 1.4.0: the anchor heads' per-class targets wait on the GPU ~9 times a sample.
+"""mmdet3d 1.4.0: the anchor heads' targets wait on the GPU ~9 times a sample.
 
 ``AnchorTrainMixin.anchor_target_3d`` (Anchor3DHead: SECOND, PointPillars, Part-A2 and
-PV-RCNN's RPN) assigns anchors sample by sample and, with ``assign_per_class``, class by
-class: the class's ground truths are taken with two boolean masks (a host wait each),
-the pseudo sampler reads its counts (one more) and ``len(pos_inds)`` decides on the
-encoding, about 9 waits and ~200 small kernels a sample with 3 classes. Counted on
+PV-RCNN's RPN) assigns anchors sample by sample and class by class: with
+``assign_per_class`` the class's ground truths are taken with two boolean masks (a host
+wait each), the pseudo sampler reads its counts (one more) and ``len(pos_inds)`` decides
+on the encoding, about 9 waits and ~200 small kernels a sample with 3 classes. Counted on
 PV-RCNN's GPU training step: 72 of a micro-batch's 160 host reads.
 
 The shim computes the same targets for the whole batch at once, class by class: ground
-truths padded to the batch's largest count (rows of other classes masked out of the
-IoU), the same nearest-BEV IoU and the same max-IoU assignment rules as
-``Max3DIoUAssigner`` (negatives, positives, low-quality matches with the same winner on
-ties), targets encoded by the head's own box coder and direction rule, and the positive
-and negative counts read once a batch (batches whose IoU would exceed
-``_batched_assign.MAX_PAIRS`` pairs a class go a few samples at a time). It handles the
-common case -- per-class ``Max3DIoUAssigner`` with ``BboxOverlapsNearest3D``, the pseudo
-sampler, one tensor of anchors shared by all samples, no ignored boxes -- and hands
-anything else to the original. Equality of every target and the losses with the original is tested in
-``tests/compat/test_anchor_targets.py``.
+truths padded to the batch's largest count (padding, and with ``assign_per_class`` the
+other classes' rows, masked out of the IoU), the same nearest-BEV IoU and the same
+max-IoU assignment rules as ``Max3DIoUAssigner`` (negatives, positives, low-quality
+matches with the same winner on ties), targets encoded by the head's own box coder and
+direction rule, and the positive and negative counts read once a batch (batches whose
+IoU would exceed ``_batched_assign.MAX_PAIRS`` pairs a class go a few samples at a
+time). It handles the common case -- a ``Max3DIoUAssigner`` with
+``BboxOverlapsNearest3D`` a class, the pseudo sampler, one tensor of anchors shared by
+all samples, no ignored boxes -- and hands anything else to the original. Without
+``assign_per_class`` upstream replaces each non-empty sample's ``bboxes_3d`` by its
+tensor; so does the shim. Equality of every target and the losses with the original is
+tested in ``tests/compat/test_anchor_targets.py``.
 """
 from typing import List, Optional, Sequence, Tuple
 
@@ -36,7 +38,7 @@ def _batchable(head, anchor_list, gts, gts_ignore) -> bool:
     from mmdet3d.models.task_modules import Max3DIoUAssigner, PseudoSampler
     from mmdet3d.structures import BboxOverlapsNearest3D
     assigners = head.bbox_assigner
-    if not (isinstance(assigners, list) and head.assign_per_class and anchor_list):
+    if not (isinstance(assigners, list) and anchor_list):
         return False
     levels = anchor_list[0]
     if not isinstance(levels, (list, tuple)) or not all(
@@ -121,10 +123,13 @@ def _batch_targets(head, anchors: Tensor, gts: Sequence, num_classes: int):
                             batch_first=True)
     gt_labels = pad_sequence([g.labels_3d.to(anchors.device) for g in gts],
                              batch_first=True, padding_value=-1)
+    real = pad_sequence([g.labels_3d.new_ones(len(g.labels_3d), dtype=torch.bool)
+                         for g in gts], batch_first=True).to(anchors.device)
     per_class, counts = [], anchors.new_zeros(2, batch, dtype=torch.long)
     for cls, assigner in enumerate(head.bbox_assigner):
         class_anchors = anchors[..., cls, :, :].reshape(-1, code)
-        valid = gt_labels == cls
+        # per class: the class's ground truths; else every class's anchors see them all
+        valid = real & (gt_labels == cls) if head.assign_per_class else real
         if gt_boxes.size(1) > 0:
             coordinate = assigner.iou_calculator.coordinate
             gt_inds = torch.cat([assign_masked(
@@ -162,8 +167,12 @@ def anchor_target_3d(self, anchor_list, batch_gt_instances_3d, batch_input_metas
     assert len(anchor_list) == len(batch_input_metas)
     levels = anchor_list[0]
     num_level_anchors = [a.view(-1, self.box_code_size).size(0) for a in levels]
-    targets, counts = _batch_targets(self, torch.cat(levels), batch_gt_instances_3d,
-                                     num_classes)
+    anchors = torch.cat(levels)
+    if not self.assign_per_class:  # as upstream, which hands the instances themselves on
+        for gts in batch_gt_instances_3d:
+            if len(gts.bboxes_3d) > 0 and not isinstance(gts.bboxes_3d, Tensor):
+                gts.bboxes_3d = gts.bboxes_3d.tensor.to(anchors.device)
+    targets, counts = _batch_targets(self, anchors, batch_gt_instances_3d, num_classes)
     positives, negatives = counts.tolist()  # the one host wait
     num_total_pos = sum(max(n, 1) for n in positives)
     num_total_neg = sum(max(n, 1) for n in negatives)
