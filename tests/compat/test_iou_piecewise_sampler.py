@@ -15,11 +15,10 @@ from mmdet.models.task_modules import AssignResult
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import iou_piecewise_sampler as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from tests.devices import DEVICES
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
 ORIGINAL = shim.sample.original
-DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs a CUDA GPU'))]
 NUM_GTS = 5
 
 # name: (positives, negatives in IoU [0.1, 0.55), negatives in [0, 0.1), ignored)

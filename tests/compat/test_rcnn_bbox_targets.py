@@ -12,11 +12,10 @@ import torch
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import rcnn_bbox_targets as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from tests.devices import DEVICES
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.get_target_single.original
-DEVICES = ['cpu', pytest.param('cuda', marks=pytest.mark.skipif(
-    not torch.cuda.is_available(), reason='needs a CUDA GPU'))]
 
 
 @pytest.fixture(scope='module')

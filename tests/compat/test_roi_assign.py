@@ -13,6 +13,7 @@ from mmengine.structures import InstanceData
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import roi_assign as shim
 from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from tests.devices import needs_cuda
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
 ORIGINAL = shim.assign_and_sample.original
@@ -87,9 +88,6 @@ def _variant(head, name):
     return head
 
 
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
-
-
 @pytest.fixture
 def batched_on_cpu(monkeypatch):
     """The GPU's batched assignment on the CPU too (the CPU's own path is the class
@@ -99,7 +97,8 @@ def batched_on_cpu(monkeypatch):
 
 @pytest.mark.parametrize('variant,device', [
     ('pv_rcnn', 'cpu'), ('no_low_quality', 'cpu'), ('argmax_only', 'cpu'),
-    ('nearest_bev', 'cpu'), ('split', 'cpu'), pytest.param('pv_rcnn', 'cuda', marks=CUDA)])
+    ('nearest_bev', 'cpu'), ('split', 'cpu'),
+    pytest.param('pv_rcnn', 'cuda', marks=needs_cuda)])
 @pytest.mark.parametrize('seed', [0, 1, 2])
 def test_same_sampling_results_as_mmdet3d(head, seed, variant, device, monkeypatch):
     monkeypatch.setattr(shim, 'BATCHED_ON_CPU', variant != 'split')
