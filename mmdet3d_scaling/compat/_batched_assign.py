@@ -1,9 +1,10 @@
 """``MaxIoUAssigner``'s rules for a whole batch at once, on padded, masked IoUs (shared by
 the ``anchor_targets`` and ``roi_assign`` shims)."""
-from typing import List, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 from torch import Tensor
+from torch.nn.utils.rnn import pad_sequence
 
 # The most (ground truth, prior) pairs one batched IoU may hold: 2**25 float32 values are
 # 128 MiB a tensor, and an IoU takes a handful of them. Larger batches go in chunks.
@@ -15,6 +16,12 @@ def sample_chunks(batch: int, pairs_a_sample: int) -> List[slice]:
     sample at least)."""
     step = max(1, MAX_PAIRS // max(1, pairs_a_sample))
     return [slice(lo, min(lo + step, batch)) for lo in range(0, batch, step)]
+
+
+def real_rows(rows: Sequence[Tensor]) -> Tensor:
+    """(B, N) bool: which rows of the samples' ``rows`` padded to the longest are real."""
+    return pad_sequence([r.new_ones(len(r), dtype=torch.bool) for r in rows],
+                        batch_first=True)
 
 
 def assign_masked(assigner, overlaps: Tensor, valid: Tensor) -> Tuple[Tensor, Tensor]:

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import pad_sequence
 
-from ._batched_assign import assign_masked, sample_chunks
+from ._batched_assign import assign_masked, real_rows, sample_chunks
 from ._patch import replace_method
 
 UPSTREAM = 'mmdet3d 1.4.0'
@@ -108,7 +108,7 @@ def _class_targets(head, anchors: Tensor, gt_boxes: Tensor, gt_labels: Tensor,
     label_weights = torch.where(positive, 1.0 if pos_weight <= 0 else pos_weight,
                                 negative.float())
     weights = positive.to(anchors.dtype)
-    return (labels, label_weights.float(), bbox_targets,
+    return (labels, label_weights, bbox_targets,
             weights[..., None].expand(-1, -1, code).clone(), dir_targets,
             positive.float())
 
@@ -123,8 +123,7 @@ def _batch_targets(head, anchors: Tensor, gts: Sequence, num_classes: int):
                             batch_first=True)
     gt_labels = pad_sequence([g.labels_3d.to(anchors.device) for g in gts],
                              batch_first=True, padding_value=-1)
-    real = pad_sequence([g.labels_3d.new_ones(len(g.labels_3d), dtype=torch.bool)
-                         for g in gts], batch_first=True).to(anchors.device)
+    real = real_rows([g.labels_3d for g in gts]).to(anchors.device)
     per_class, counts = [], anchors.new_zeros(2, batch, dtype=torch.long)
     for cls, assigner in enumerate(head.bbox_assigner):
         class_anchors = anchors[..., cls, :, :].reshape(-1, code)

@@ -130,12 +130,8 @@ def _same_sample_iou(calculator, boxes: List[Tensor], gt_boxes: List[Tensor]) ->
     taken from one IoU of the whole batch's (each pair computed on its own, as in a
     per-sample call), or sample by sample where that IoU would exceed ``MAX_PAIRS``.
     Padding rows are unit boxes, never matched."""
-    def padded(rows):
-        out = pad_sequence(rows, batch_first=True)
-        real = pad_sequence([r.new_ones(len(r), dtype=torch.bool) for r in rows],
-                            batch_first=True)
-        return torch.where(real[..., None], out, torch.ones_like(out))
-    props, gts = padded(boxes), padded(gt_boxes)
+    props = pad_sequence(boxes, batch_first=True, padding_value=1.)
+    gts = pad_sequence(gt_boxes, batch_first=True, padding_value=1.)
     (batch, num_props, code), num_gts = props.shape, gts.size(1)
     if batch * batch * num_gts * num_props > _batched_assign.MAX_PAIRS:  # one by one
         return torch.stack([calculator(g, p) for g, p in zip(gts, props)])
