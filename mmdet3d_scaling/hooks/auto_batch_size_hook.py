@@ -24,10 +24,9 @@ from mmengine.runner.utils import calc_dynamic_intervals
 
 from mmdet3d.registry import HOOKS
 
-from ..engine.batch_size_finder import (BatchSizeFinder, LargestSampleBatches,
-                                        ResultCache, SearchResult, cache_key,
-                                        lookup_agreed, optim_wrappers)
-from ..engine.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
+from ..batch_size.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
+from ..batch_size.search import (BatchSizeFinder, LargestSampleBatches, ResultCache,
+                                 SearchResult, cache_key, lookup_agreed, optim_wrappers)
 from ..registry import register
 
 ADJUST_MODES = ('accumulation', 'lr')

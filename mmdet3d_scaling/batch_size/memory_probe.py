@@ -1,6 +1,6 @@
 """How much memory a training step takes: measured on CUDA, or modelled on a CPU.
 
-The batch size finder (:mod:`.batch_size_finder`) only talks to a probe through the
+The batch size finder (:mod:`.search`) only talks to a probe through the
 :class:`MemoryProbe` protocol, so its search, margin and OOM handling run unchanged on a
 machine without a GPU with :class:`ModeledMemoryProbe` standing in for the device.
 """

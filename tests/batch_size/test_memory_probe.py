@@ -3,7 +3,7 @@ fragmentation included, not only what tensors held (skipped without CUDA)."""
 import pytest
 import torch
 
-from mmdet3d_scaling.engine.memory_probe import CudaMemoryProbe
+from mmdet3d_scaling.batch_size.memory_probe import CudaMemoryProbe
 
 MiB = 2**20
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')

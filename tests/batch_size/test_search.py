@@ -12,14 +12,12 @@ import torch
 import torch.multiprocessing as mp
 from mmengine.dataset import pseudo_collate
 
-from mmdet3d_scaling.engine.batch_size_finder import (BatchSizeFinder, LargestSampleBatches,
-                                                      RandomSampleBatches,
-                                                      ResultCache, SearchResult,
-                                                      TrainingState, cache_key,
-                                                      is_out_of_memory, local_sync_bn,
-                                                      lookup_agreed, rank_largest,
-                                                      sample_size)
-from mmdet3d_scaling.engine.memory_probe import ModeledMemoryProbe
+from mmdet3d_scaling.batch_size.memory_probe import ModeledMemoryProbe
+from mmdet3d_scaling.batch_size.search import (BatchSizeFinder, LargestSampleBatches,
+                                               RandomSampleBatches, ResultCache,
+                                               SearchResult, TrainingState, cache_key,
+                                               is_out_of_memory, local_sync_bn,
+                                               lookup_agreed, rank_largest, sample_size)
 from tests.auto_batch_size_common import build_parts, data_root_for_tests, demo_config
 
 MiB = 2**20
