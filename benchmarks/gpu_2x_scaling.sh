@@ -161,8 +161,8 @@ pv_rcnn_shims)
   kitti
   # The shims that cut host reads, on the GPU: their CUDA tests, the GPU census of a
   # micro-batch (CUDA API calls, host reads, top kernels), the 1-GPU run without the
-  # seventh and eighth sessions' read shims, without the eighth's only, with all (same
-  # machine A/B), then with all on NPROC GPUs.
+  # read shims, without the four target shims only, with all (same machine A/B), then
+  # with all on NPROC GPUs.
   CUDA_VISIBLE_DEVICES=0 timeout 150 python -m pytest -q -p no:cacheprovider \
     tests/compat/test_grouping_backward.py tests/compat/test_rpn_proposal_nms.py \
     tests/compat/test_stack_query_group.py tests/compat/test_roi_assign.py \
@@ -174,9 +174,9 @@ pv_rcnn_shims)
     --steps 2 --warmup 3 --launches --cuda-api --top 40 --out "$RES/gpu_census.json" \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} > "$RES/gpu_census.txt" 2>&1
   grep -E "host reads a training step|kernel-running|^profiled" "$RES/gpu_census.txt"
-  eighth=anchor_targets,iou_piecewise_sampler,foreground_seg_targets,rcnn_bbox_targets
-  for ab in ${AB:-"no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$eighth" \
-                 "no_eighth_shims=$eighth"}; do
+  targets=anchor_targets,iou_piecewise_sampler,foreground_seg_targets,rcnn_bbox_targets
+  for ab in ${AB:-"no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$targets" \
+                 "no_target_shims=$targets"}; do
     MMDET3D_SCALING_SKIP_SHIMS=${ab#*=} CUDA_VISIBLE_DEVICES=0 scaling ${ab%%=*} \
       ${PV_RCNN_TIMEOUT:-110} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
       --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
