@@ -51,8 +51,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import mmdet3d_scaling  # noqa: E402,F401
 from mmdet3d_scaling.batch_size.memory_probe import (  # noqa: E402
     CudaMemoryProbe, ModeledMemoryProbe)
+from mmdet3d_scaling.batch_size.samples import (  # noqa: E402
+    LargestSampleBatches, RandomSampleBatches)
 from mmdet3d_scaling.batch_size.search import (  # noqa: E402
-    BatchSizeFinder, LargestSampleBatches, RandomSampleBatches, is_out_of_memory)
+    BatchSizeFinder, is_out_of_memory)
 from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook  # noqa: E402
 
 MiB = 2**20

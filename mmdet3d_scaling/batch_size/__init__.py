@@ -1,6 +1,31 @@
-"""Automatic per-device batch size: the search and the memory it reads."""
-from .memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
-from .search import BatchSizeFinder, SearchResult, Trial
+"""Automatic per-device batch size: find the largest batch that trains in memory.
 
-__all__ = ['BatchSizeFinder', 'SearchResult', 'Trial', 'CudaMemoryProbe',
-           'MemoryProbe', 'ModeledMemoryProbe']
+What is where:
+
+- :mod:`.search`: the search (:class:`BatchSizeFinder`, its :class:`Trial` and
+  :class:`SearchResult`), the state snapshot every trial restores
+  (:class:`TrainingState`), out-of-memory detection and the cross-rank minimum.
+- :mod:`.samples`: the trial batches: the dataset's largest samples
+  (:class:`LargestSampleBatches`, :func:`rank_largest`, :func:`sample_size`) or random
+  ones (:class:`RandomSampleBatches`).
+- :mod:`.cache`: search results in a JSON file of the work dir, agreed across ranks.
+- :mod:`.memory_probe`: device memory as the search reads it: the CUDA allocator
+  (:class:`CudaMemoryProbe`) or a modelled device for CPU runs
+  (:class:`ModeledMemoryProbe`).
+- :mod:`.benchmark`: the library of ``tools/benchmark_auto_batch_size.py`` (not
+  imported here: it imports the hook, which imports this package, and registers a hook
+  of its own).
+"""
+from .cache import ResultCache, cache_key, lookup_agreed
+from .memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
+from .samples import (LargestSampleBatches, RandomSampleBatches, rank_largest,
+                      sample_size)
+from .search import (BatchSizeFinder, SearchResult, TrainingState, Trial, agree_min,
+                     is_out_of_memory, optim_wrappers)
+
+__all__ = [
+    'BatchSizeFinder', 'SearchResult', 'Trial', 'TrainingState', 'agree_min',
+    'is_out_of_memory', 'optim_wrappers', 'LargestSampleBatches', 'RandomSampleBatches',
+    'rank_largest', 'sample_size', 'ResultCache', 'cache_key', 'lookup_agreed',
+    'CudaMemoryProbe', 'MemoryProbe', 'ModeledMemoryProbe'
+]

@@ -24,9 +24,10 @@ from mmengine.runner.utils import calc_dynamic_intervals
 
 from mmdet3d.registry import HOOKS
 
+from ..batch_size.cache import ResultCache, cache_key, lookup_agreed
 from ..batch_size.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
-from ..batch_size.search import (BatchSizeFinder, LargestSampleBatches, ResultCache,
-                                 SearchResult, cache_key, lookup_agreed, optim_wrappers)
+from ..batch_size.samples import LargestSampleBatches
+from ..batch_size.search import BatchSizeFinder, SearchResult, optim_wrappers
 from ..registry import register
 
 ADJUST_MODES = ('accumulation', 'lr')

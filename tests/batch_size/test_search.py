@@ -1,49 +1,23 @@
 """The batch size search on a real PointPillars and real synthetic-KITTI batches, with
 a modelled device standing in for the GPU (memory = fixed + per-sample/per-element)."""
-import json
 import os
 import os.path as osp
 import pickle
 import socket
 
-import numpy as np
 import pytest
 import torch
 import torch.multiprocessing as mp
 from mmengine.dataset import pseudo_collate
 
+from mmdet3d_scaling.batch_size.cache import ResultCache, lookup_agreed
 from mmdet3d_scaling.batch_size.memory_probe import ModeledMemoryProbe
-from mmdet3d_scaling.batch_size.search import (BatchSizeFinder, LargestSampleBatches,
-                                               RandomSampleBatches, ResultCache,
-                                               SearchResult, TrainingState, cache_key,
-                                               is_out_of_memory, local_sync_bn,
-                                               lookup_agreed, rank_largest, sample_size)
-from tests.auto_batch_size_common import build_parts, data_root_for_tests, demo_config
+from mmdet3d_scaling.batch_size.samples import LargestSampleBatches, RandomSampleBatches
+from mmdet3d_scaling.batch_size.search import (BatchSizeFinder, TrainingState,
+                                               is_out_of_memory, local_sync_bn)
+from tests.auto_batch_size_common import build_parts, demo_config
 
 MiB = 2**20
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return data_root_for_tests(str(tmp_path_factory.mktemp('abs_data')))
-
-
-@pytest.fixture(scope='module')
-def shared(data_root, tmp_path_factory):
-    """One model, optimizer and dataset for the module: every search must leave them
-    as it found them, which the tests check."""
-    cfg = demo_config(data_root, str(tmp_path_factory.mktemp('abs_work')))
-    torch.manual_seed(0)
-    model, optim_wrapper, dataset = build_parts(cfg)
-    batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=4)
-    return model, optim_wrapper, dataset, batches
-
-
-@pytest.fixture
-def parts(shared):
-    model, optim_wrapper, dataset, _ = shared
-    yield model, optim_wrapper, dataset
-    assert not model._forward_pre_hooks, 'a test left a memory probe attached'
 
 
 def _finder(shared, probe_kwargs, margin=0.1, max_batch_size=8, steps=1, **kwargs):
@@ -219,69 +193,6 @@ def test_is_out_of_memory():
     assert is_out_of_memory(RuntimeError('CUDA error: out of memory'))
     assert not is_out_of_memory(RuntimeError('shape mismatch'))
     assert not is_out_of_memory(ValueError('out of memory'))
-
-
-# -------------------------------------------------------------- largest samples
-def test_largest_samples_are_picked(parts):
-    _, _, dataset = parts
-    sizes = [sample_size(dataset.get_data_info(i)) for i in range(len(dataset))]
-    assert all(s['points'] > 0 and s['boxes'] > 0 for s in sizes)
-    picked = rank_largest(dataset, 3)
-    most_points = int(np.argmax([s['points'] for s in sizes]))
-    most_boxes = int(np.argmax([s['boxes'] for s in sizes]))
-    top = max(range(len(sizes)), key=lambda i: sizes[i]['points'] / sizes[most_points]
-              ['points'] + sizes[i]['boxes'] / sizes[most_boxes]['boxes'])
-    assert picked[0] == top
-    smallest = min(range(len(sizes)), key=lambda i: sizes[i]['points'])
-    assert smallest not in picked[:1]
-
-
-def test_trial_batches_hold_the_largest_samples(parts):
-    _, _, dataset = parts
-    batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=3)
-    data = batches(3)
-    paths = [s.lidar_path for s in data['data_samples']]
-    infos = [dataset.get_data_info(i) for i in range(len(dataset))]
-    sizes = [sample_size(info) for info in infos]
-    top_points = max(s['points'] for s in sizes)
-    top_boxes = max(s['boxes'] for s in sizes)
-    score = [s['points'] / top_points + s['boxes'] / top_boxes for s in sizes]
-    picked = [infos[i]['lidar_points']['lidar_path'] for i in batches.indices]
-    assert paths == picked  # the batch went through the pipeline from those files
-    others = [score[i] for i in range(len(infos)) if i not in batches.indices]
-    assert min(score[i] for i in batches.indices) >= max(others)
-
-
-def test_candidates_cycle_and_are_loaded_once(parts):
-    _, _, dataset = parts
-    batches = LargestSampleBatches(dataset, pseudo_collate, num_candidates=2)
-    data = batches(5)
-    assert len(data['data_samples']) == 5
-    assert len(batches._loaded) == 2
-    first = data['inputs']['points'][0]
-    assert torch.equal(first, data['inputs']['points'][2])  # cycled through 2 samples
-    with pytest.raises(ValueError, match='num_candidates'):
-        LargestSampleBatches(dataset, pseudo_collate, num_candidates=0)
-
-
-# ------------------------------------------------------------------------ cache
-def test_cache_roundtrip_and_key(tmp_path):
-    cache = ResultCache(str(tmp_path / 'sub' / 'abs.json'))
-    key = cache_key(dict(model={'a': 1}, world_size=2, device='X'))
-    assert key == cache_key(dict(device='X', world_size=2, model={'a': 1}))
-    assert key != cache_key(dict(model={'a': 1}, world_size=4, device='X'))
-    assert cache.get(key) is None and lookup_agreed(cache, key) is None
-    result = SearchResult(batch_size=6, local_batch_size=6, capacity_bytes=9, limit_bytes=8,
-                          margin=0.1, max_batch_size=16, hit_upper_bound=False,
-                          device_name='X', seconds=1.5)
-    cache.put(key, result)
-    again = lookup_agreed(cache, key)
-    assert again.batch_size == 6 and again.from_cache
-    assert json.load(open(cache.path))[key]['batch_size'] == 6
-    with open(cache.path, 'w') as f:
-        f.write('{broken')
-    with pytest.raises(ValueError, match='delete it'):
-        cache.get(key)
 
 
 # ------------------------------------------------------------------ distributed
