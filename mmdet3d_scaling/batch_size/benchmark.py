@@ -1,7 +1,7 @@
-#!/usr/bin/env python
 """Benchmark the auto batch size: search time, how close to the limit, no OOM after.
 
-For one config, on one device:
+The library of ``tools/benchmark_auto_batch_size.py`` (which parses the flags and calls
+:func:`run`). For one config, on one device:
 
 1. builds the real Runner with ``AutoBatchSizeHook`` (cache off) and lets it search:
    ``search s`` and the per-GPU batch ``found`` (safety margin ``--margin``);
@@ -16,81 +16,39 @@ For one config, on one device:
 3. trains ``--iters`` iterations (default 300) with the plan it chose, catching an
    out-of-memory error: ``OOM in training`` and the peak memory of those iterations.
 
-Prints a table and writes JSON (``--out``, default ``WORK_DIR/benchmark_auto_batch_size
-.json``). Targets (issue 3): found >= 0.9 x largest, search < 60 s, no OOM.
+:func:`table` formats the result, :func:`write_json` writes it (``--out``, default
+``WORK_DIR/benchmark_auto_batch_size.json``). Targets (issue 3): found >= 0.9 x largest,
+search < 60 s, no OOM.
 
 On a GPU the CUDA allocator is measured. ``--probe modeled`` is a dry run on a CPU: a
 modelled device (``--capacity-mib``, ``--mib-per-sample``, ``--bytes-per-element``)
 raises a real ``torch.cuda.OutOfMemoryError`` above its capacity, also during step 2.
 
-Usage::
-
-    python tools/benchmark_auto_batch_size.py CONFIG [--iters 300] [--margin 0.1]
-    python tools/benchmark_auto_batch_size.py \\
-        configs/demo/pointpillars_synthetic_kitti_cpu.py \\
-        --probe modeled --capacity-mib 40 --mib-per-sample 8 --iters 3
+Importing this module registers :class:`TrainingWatch` in mmdet3d's ``HOOKS``, which is
+why the package's ``__init__`` does not import it.
 """
 import argparse
 import json
 import os
 import os.path as osp
-import sys
 import time
-from pathlib import Path
 from typing import Any, Dict, Optional, Tuple
 
 import torch
-from mmengine.config import Config, DictAction
+from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
 from mmdet3d.registry import HOOKS
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import mmdet3d_scaling  # noqa: E402,F401
-from mmdet3d_scaling.batch_size.memory_probe import (  # noqa: E402
-    CudaMemoryProbe, ModeledMemoryProbe)
-from mmdet3d_scaling.batch_size.samples import (  # noqa: E402
-    LargestSampleBatches, RandomSampleBatches)
-from mmdet3d_scaling.batch_size.search import (  # noqa: E402
-    BatchSizeFinder, is_out_of_memory)
-from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook  # noqa: E402
+from ..hooks.auto_batch_size_hook import AutoBatchSizeHook
+from .memory_probe import CudaMemoryProbe, ModeledMemoryProbe
+from .samples import LargestSampleBatches, RandomSampleBatches
+from .search import BatchSizeFinder, is_out_of_memory
 
 MiB = 2**20
-
-
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('config')
-    p.add_argument('--work-dir', help='default: work_dirs/benchmark_auto_batch_size')
-    p.add_argument('--iters', type=int, default=300, help='training iterations after '
-                   'the search (default 300)')
-    p.add_argument('--margin', type=float, default=0.1, help='share of memory kept free')
-    p.add_argument('--steps-per-trial', type=int, default=2)
-    p.add_argument('--verify-steps', type=int, default=20,
-                   help='training steps on random batches that confirm the largest batch '
-                        '(0: the 2-step trials alone decide; default 20)')
-    p.add_argument('--max-batch-size', type=int, default=512,
-                   help='largest per-GPU batch tried (search and the no-margin check)')
-    p.add_argument('--adjust', choices=('lr', 'accumulation'), default='lr',
-                   help="'lr' (default) trains with exactly the batch found; "
-                   "'accumulation' keeps the config's total batch (caps the search)")
-    p.add_argument('--probe', choices=('auto', 'cuda', 'modeled'), default='auto',
-                   help="'auto': cuda when available, else modeled")
-    p.add_argument('--capacity-mib', type=float, default=256.0, help='modeled device')
-    p.add_argument('--mib-per-sample', type=float, default=16.0, help='modeled device')
-    p.add_argument('--bytes-per-element', type=float, default=0.0, help='modeled device')
-    p.add_argument('--out', help='JSON output path')
-    p.add_argument('--memory-gib', type=float, default=None,
-                   help='cap this process to that much GPU memory (emulates a smaller card)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    args = p.parse_args(argv)
-    for name, least in (('iters', 1), ('steps_per_trial', 1), ('verify_steps', 0)):
-        if getattr(args, name) < least:
-            p.error(f'--{name.replace("_", "-")} must be >= {least}, '
-                    f'got {getattr(args, name)}')
-    return args
+DEFAULT_WORK_DIR = osp.join('work_dirs', 'benchmark_auto_batch_size')
 
 
 def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
@@ -153,7 +111,7 @@ def build_runner(args) -> Runner:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    cfg.work_dir = args.work_dir or osp.join('work_dirs', 'benchmark_auto_batch_size')
+    cfg.work_dir = args.work_dir or DEFAULT_WORK_DIR
     cfg.launcher = cfg.get('launcher', 'none')
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=args.iters,
                          val_interval=10**9)
@@ -294,22 +252,20 @@ def table(r: Dict[str, Any]) -> str:
     return '\n'.join(f'{k.ljust(w)} | {v}' for k, v in rows)
 
 
-def main(argv=None) -> Dict[str, Any]:
-    args = parse_args(argv)
-    if args.memory_gib and torch.cuda.is_available():
+def cap_memory(memory_gib: Optional[float]) -> None:
+    """Cap this process to ``memory_gib`` of GPU 0 (emulates a smaller card); a no-op
+    without the flag or without CUDA."""
+    if memory_gib and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(0).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_gib * 2**30 / total))
-    result = run(args)
-    print(table(result))
-    out = args.out or osp.join(args.work_dir or osp.join('work_dirs',
-                                                         'benchmark_auto_batch_size'),
-                               'benchmark_auto_batch_size.json')
+        torch.cuda.set_per_process_memory_fraction(min(1.0, memory_gib * 2**30 / total))
+
+
+def default_out(work_dir: Optional[str]) -> str:
+    """Where the JSON goes without ``--out``: in the work dir."""
+    return osp.join(work_dir or DEFAULT_WORK_DIR, 'benchmark_auto_batch_size.json')
+
+
+def write_json(result: Dict[str, Any], out: str) -> None:
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     with open(out, 'w') as f:
         json.dump(result, f, indent=2)
-    print(f'written: {out}')
-    return result
-
-
-if __name__ == '__main__':
-    main()

@@ -1,22 +1,25 @@
 """tools/benchmark_auto_batch_size.py on the CPU with a modelled device: search, the
-no-margin bound, its confirmation by training on random batches, training after."""
-import importlib.util
+no-margin bound, its confirmation by training on random batches, training after.
+
+The CLI runs in a subprocess (flags, printed table, JSON as a user gets them); the
+figures are read back through the package module it wraps."""
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from mmdet3d_scaling.batch_size import benchmark
 from tests.auto_batch_size_common import write_demo_config
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'benchmark_auto_batch_size.py'
 
 
-def _load_tool():
-    spec = importlib.util.spec_from_file_location('benchmark_auto_batch_size', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _cli(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TOOL), *argv], cwd=REPO,
+                          capture_output=True, text=True)
 
 
 @pytest.fixture(scope='module')
@@ -25,16 +28,18 @@ def run(tmp_path_factory):
     config = write_demo_config(str(base))
     out = base / 'result.json'
     # modelled device: 44 MiB, 8 MiB a sample on top of the training state
-    result = _load_tool().main([
-        str(config), '--probe', 'modeled', '--capacity-mib', '44', '--mib-per-sample', '8',
-        '--iters', '2', '--verify-steps', '2', '--max-batch-size', '16',
-        '--work-dir', str(base / 'work'), '--out', str(out)])
-    return result, json.loads(out.read_text())
+    done = _cli(str(config), '--probe', 'modeled', '--capacity-mib', '44',
+                '--mib-per-sample', '8', '--iters', '2', '--verify-steps', '2',
+                '--max-batch-size', '16', '--work-dir', str(base / 'work'),
+                '--out', str(out))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(out.read_text()), done.stdout, out
 
 
 def test_search_bound_and_confirmation(run):
-    result, written = run
-    assert written == json.loads(json.dumps(result))
+    result, stdout, out = run
+    # the table of what was written, then where
+    assert benchmark.table(result) + f'\nwritten: {out}\n' in stdout
     found, bound, largest = result['found'], result['largest_2step'], result['largest']
     assert 1 <= found < bound <= 16
     # 10 % kept free costs one 8 MiB sample of 44 MiB here
@@ -50,5 +55,12 @@ def test_search_bound_and_confirmation(run):
 
 
 def test_bad_verify_steps_is_an_error():
-    with pytest.raises(SystemExit):
-        _load_tool().parse_args(['x.py', '--verify-steps', '-1'])
+    done = _cli('x.py', '--verify-steps', '-1')
+    assert done.returncode == 2  # argparse's usage error
+    assert '--verify-steps must be >= 0, got -1' in done.stderr
+
+
+def test_default_output_is_in_the_work_dir():
+    assert benchmark.default_out('w') == str(Path('w', 'benchmark_auto_batch_size.json'))
+    assert benchmark.default_out(None) == str(
+        Path('work_dirs', 'benchmark_auto_batch_size', 'benchmark_auto_batch_size.json'))
