@@ -8,7 +8,7 @@ import torch
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import grouping_backward as shim
 from mmdet3d_scaling.compat.point_ops_cpu import stack_grouping_operation_cpu
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
 CUDA = torch.cuda.is_available()
 

@@ -9,7 +9,7 @@ from mmengine.structures import InstanceData
 
 import mmdet3d_scaling  # noqa: F401  (applies the shim)
 from mmdet3d_scaling.compat import instance_data_index as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
 ORIGINAL = shim.getitem.original
 

@@ -14,7 +14,7 @@ from mmdet.models.task_modules import AssignResult
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import iou_piecewise_sampler as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import DEVICES
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 

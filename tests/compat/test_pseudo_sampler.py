@@ -7,7 +7,7 @@ from mmengine.structures import InstanceData
 
 import mmdet3d_scaling  # noqa: F401  (applies the shim)
 from mmdet3d_scaling.compat import pseudo_sampler as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
 ORIGINAL = shim.sample.original
 FIELDS = ('pos_inds', 'neg_inds', 'pos_priors', 'neg_priors', 'pos_is_gt',

@@ -12,7 +12,7 @@ from mmengine.structures import InstanceData
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import roi_assign as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import needs_cuda
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 

@@ -8,7 +8,7 @@ from mmengine.config import ConfigDict
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import rpn_proposal_nms as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 ORIGINAL = shim.class_agnostic_nms.original

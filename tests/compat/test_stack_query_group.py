@@ -9,7 +9,7 @@ from mmdet3d.models.layers.pointnet_modules.stack_point_sa_module import \
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import stack_query_group as shim
-from mmdet3d_scaling.engine.host_reads import HostReadCensus
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
 ORIGINAL = shim.forward.original
 

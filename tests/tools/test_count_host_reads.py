@@ -18,7 +18,7 @@ ASSIGNER = 'mmdet/models/task_modules/assigners/max_iou_assigner.py'
 
 def _count(base: Path, config: str, name: str, skip: str, *extra: str) -> dict:
     out = base / f'{name}.json'
-    env = dict(os.environ, MMDET3D_SCALING_SKIP_SHIMS=skip)
+    env = dict(os.environ, MMDET3D_SCALING_SKIP_PATCHES=skip)
     proc = subprocess.run(
         [sys.executable, str(TOOL), str(config), '--work-dir', str(base / name), '--out',
          str(out), *extra, '--cfg-options', 'randomness.seed=0',
@@ -79,7 +79,7 @@ def test_bad_arguments_are_errors():
 
 def test_cuda_api_profile_runs_after_the_counts(counts):
     """--cuda-api (shimmed run): further steps under torch.profiler; on a CPU there are
-    no CUDA calls to count (GPU attribution: tests/engine/test_profiling.py)."""
+    no CUDA calls to count (GPU attribution: tests/diagnostics/test_profiling.py)."""
     upstream, shimmed = counts
     api = shimmed['cuda_api']
     assert 'cuda_api' not in upstream

@@ -3,16 +3,17 @@
 
 Builds the config's Runner (plugin applied), trains ``--warmup`` steps, then counts what
 ``--steps`` more would read back from the GPU (``.item()``, ``if tensor:``, ``nonzero``,
-boolean-mask indexing, ``.cpu()``: :class:`mmdet3d_scaling.engine.host_reads.HostReadCensus`).
+boolean-mask indexing, ``.cpu()``:
+:class:`mmdet3d_scaling.diagnostics.host_reads.HostReadCensus`).
 Runs on a CPU: each such read is a point where a host-bound model's CPU waits for its
 GPU, and in DDP with SyncBN where ranks wait for each other. Reads inside CUDA
 extensions are not seen (see the module).
 
 ``--launches`` also counts, in the same steps, the operators that run a kernel (a launch
 on a GPU; views excluded), with copies and dtype casts among them, by call site
-(:class:`mmdet3d_scaling.engine.launch_census.LaunchCensus`): the host-to-GPU traffic a
-host-bound model's main thread issues, which is what a second process on the machine
-slows down.
+(:class:`mmdet3d_scaling.diagnostics.launch_census.LaunchCensus`): the host-to-GPU
+traffic a host-bound model's main thread issues, which is what a second process on the
+machine slows down.
 
 Usage::
 
@@ -24,7 +25,7 @@ Usage::
 ``--cuda-api`` (for a GPU): ``--steps`` further steps under ``torch.profiler``, without the
 censuses, counting every CUDA runtime / driver call (kernel launches, copies, memsets,
 synchronisations) by Python call site
-(:func:`mmdet3d_scaling.engine.profiling.driver_call_sites`), including those made
+(:func:`mmdet3d_scaling.diagnostics.profiling.driver_call_sites`), including those made
 inside mmcv's and spconv's CUDA extensions, which the censuses cannot see; with the
 steps' wall time and GPU kernel time (how host-bound the model is).
 """
@@ -42,8 +43,8 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import mmdet3d_scaling  # noqa: E402,F401
-from mmdet3d_scaling.engine.host_reads import HostReadCensus  # noqa: E402
-from mmdet3d_scaling.engine.launch_census import LaunchCensus  # noqa: E402
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus  # noqa: E402
+from mmdet3d_scaling.diagnostics.launch_census import LaunchCensus  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -113,8 +114,9 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from mmdet3d_scaling.engine.profiling import (device_work_sites, driver_call_sites,
-                                                  summarize_profile)
+    from mmdet3d_scaling.diagnostics.profiling import (device_work_sites,
+                                                       driver_call_sites,
+                                                       summarize_profile)
     cuda = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     data = [next(batches) for _ in range(args.steps)]  # loading stays outside

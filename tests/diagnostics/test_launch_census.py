@@ -1,7 +1,7 @@
 """LaunchCensus: kernel-running operators by their Python caller, on a CPU."""
 import torch
 
-from mmdet3d_scaling.engine.launch_census import COPY_OPS, LaunchCensus
+from mmdet3d_scaling.diagnostics.launch_census import COPY_OPS, LaunchCensus
 
 
 def _three_kernels(x, w):

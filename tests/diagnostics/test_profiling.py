@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from mmdet3d_scaling.engine.profiling import (profiler_records_python_frames,
+from mmdet3d_scaling.diagnostics.profiling import (profiler_records_python_frames,
                                               summarize_profile)
 
 # torch 2.11 + CUDA 13 (the H200 machine) records no Python frames with with_stack
@@ -71,7 +71,7 @@ def test_calls_are_counted_by_site_and_by_name():
     CUDA calls): per-iteration totals by name, and by the innermost Python frame."""
     import re
 
-    from mmdet3d_scaling.engine.profiling import DRIVER_CALL, driver_call_sites
+    from mmdet3d_scaling.diagnostics.profiling import DRIVER_CALL, driver_call_sites
     x = torch.randn(32, 32)
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         for _ in range(3):
@@ -93,7 +93,7 @@ def test_calls_are_counted_by_site_and_by_name():
 
 
 def test_gpu_work_of_a_cpu_profile_is_empty():
-    from mmdet3d_scaling.engine.profiling import device_work_sites
+    from mmdet3d_scaling.diagnostics.profiling import device_work_sites
     x = torch.randn(32, 32)
     with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
         _launches(x)
@@ -105,7 +105,7 @@ def test_gpu_work_of_a_cpu_profile_is_empty():
 @needs_frames
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
 def test_gpu_work_is_filed_under_the_operator_call_site():
-    from mmdet3d_scaling.engine.profiling import device_work_sites
+    from mmdet3d_scaling.diagnostics.profiling import device_work_sites
     x = torch.randn(32, 32, device='cuda')
     _launches(x)
     torch.cuda.synchronize()

@@ -5,7 +5,7 @@ import warnings
 import pytest
 import torch
 
-from mmdet3d_scaling.engine.host_reads import HostReadCensus, SyncSiteRecorder
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus, SyncSiteRecorder
 
 
 def _reads_four_times(x):
