@@ -177,7 +177,7 @@ pv_rcnn_shims)
   targets=anchor_targets,iou_piecewise_sampler,foreground_seg_targets,rcnn_bbox_targets
   for ab in ${AB:-"no_read_shims=rpn_proposal_nms,stack_query_group,roi_assign,$targets" \
                  "no_target_shims=$targets"}; do
-    MMDET3D_SCALING_SKIP_SHIMS=${ab#*=} CUDA_VISIBLE_DEVICES=0 scaling ${ab%%=*} \
+    MMDET3D_SCALING_SKIP_PATCHES=${ab#*=} CUDA_VISIBLE_DEVICES=0 scaling ${ab%%=*} \
       ${PV_RCNN_TIMEOUT:-110} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
       --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
       --cfg-options train_dataloader.num_workers=${WORKERS:-2}

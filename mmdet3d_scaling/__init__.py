@@ -1,11 +1,22 @@
 """mmdet3d-scaling: a plugin for mmdetection3d 1.4 / mmengine 0.10.
 
-``import mmdet3d_scaling`` (or ``custom_imports = dict(imports=['mmdet3d_scaling'])`` in
-a config) applies the compat shims and registers every hook, model, transform and
-dataset of this package into mmdet3d's registries (scope ``mmdet3d``).
+``import mmdet3d_scaling`` (or ``custom_imports = dict(imports=['mmdet3d_scaling'])``
+in a config) registers the plugin's runner, hooks, models, transforms and DDP wrapper
+into mmengine's / mmdet3d's registries and applies the ``fixes`` patch set (plus the
+``cpu`` set where torch has no CUDA). Nothing else changes until a config asks:
+``runner_type = 'ScalingRunner'`` or a plugin key (``scaling``, ``optimizer_config``,
+``fp16``, ``distributed``, ``patches``, ...). See ``docs/compat.md`` for every patch.
 """
 from .version import __version__
-from . import compat  # noqa: F401  (first: the shims must be in place for the rest)
-from . import datasets, engine, hooks, models  # noqa: F401
+from . import compat  # noqa: F401  (declares the patches; mmcv ops checked first)
+from .compat import patching as _patching
 
-__all__ = ['__version__']
+_patching.apply(_patching.default_selection())
+
+from . import config, engine  # noqa: E402,F401  (config before engine.runner)
+from .engine import runner as _runner  # noqa: E402,F401  (registers ScalingRunner)
+from . import datasets, hooks, models  # noqa: E402,F401
+from .engine.parallel import ScalingDistributedDataParallel  # noqa: E402,F401
+from .engine.runner import ScalingRunner  # noqa: E402
+
+__all__ = ['__version__', 'ScalingRunner']

@@ -91,9 +91,9 @@ def metrics_table(metrics: Dict[str, float]) -> str:
 def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    import mmdet3d_scaling  # noqa: F401  (registers the plugin, applies compat shims)
+    import mmdet3d_scaling  # noqa: F401  (registers the plugin and its ScalingRunner)
     from mmengine.config import Config
-    from mmengine.runner import Runner
+    from mmengine.registry import RUNNERS
 
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
@@ -107,7 +107,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     data_gen_s = ensure_data(cfg.data_root, args.train_frames, args.val_frames, args.seed)
 
     t_train = time.perf_counter()
-    runner = Runner.from_cfg(cfg)
+    runner = RUNNERS.build(cfg)  # runner_type='ScalingRunner' in the demo config
     runner.train()
     t_test = time.perf_counter()
     metrics = runner.test()

@@ -12,6 +12,7 @@
 #   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py 8
 _base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
+runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it
 
 voxel_size = [0.075, 0.075, 0.2]
 point_cloud_range = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]

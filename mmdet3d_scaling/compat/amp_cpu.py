@@ -16,12 +16,13 @@ Machines with an accelerator are not touched (``apply()`` returns False).
 """
 import logging
 from contextlib import contextmanager
-from typing import Any, Optional, Union
+from typing import Any, List, Optional, Union
 
 import torch
 
+from .patching import Change, Patch, declare
+
 UPSTREAM = 'mmengine 0.10.x'
-_PATCHED = '_mmdet3d_scaling_cpu_amp'
 
 
 def accelerator_available() -> bool:
@@ -81,14 +82,15 @@ def _cpu_optim_context(self, model: torch.nn.Module):
             yield
 
 
-def apply() -> bool:
-    """Let AmpOptimWrapper degrade on a CPU-only machine. Returns whether it patched."""
-    if accelerator_available():
-        return False
+def _changes() -> List[Change]:
     from mmengine.optim import AmpOptimWrapper
-    if getattr(AmpOptimWrapper.__init__, _PATCHED, False):
-        return False
-    setattr(_cpu_init, _PATCHED, True)
-    AmpOptimWrapper.__init__ = _cpu_init
-    AmpOptimWrapper.optim_context = _cpu_optim_context
-    return True
+    return [Change(AmpOptimWrapper, '__init__', _cpu_init),
+            Change(AmpOptimWrapper, 'optim_context', _cpu_optim_context)]
+
+
+PATCH = declare(Patch(
+    name='amp_cpu', kind='cpu',
+    targets=('mmengine.optim.AmpOptimWrapper.__init__',
+             'mmengine.optim.AmpOptimWrapper.optim_context'),
+    upstream=UPSTREAM, changes=_changes, needed=lambda: not accelerator_available(),
+    why='AmpOptimWrapper asserts a GPU: on a CPU, bf16 autocast (or fp32), logged'))

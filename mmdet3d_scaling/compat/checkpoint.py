@@ -25,6 +25,8 @@ from typing import Any, Callable, Iterable, List, Optional
 
 import torch
 
+from .patching import Change, Patch, declare
+
 UPSTREAM = 'mmengine 0.10.x with torch >= 2.6'
 TRUSTED_ENV = 'MMDET3D_SCALING_TRUSTED_CHECKPOINTS'
 
@@ -149,13 +151,19 @@ def _load_from_http(filename: str, map_location: Any = None,
     return load_checkpoint_file(cached, map_location)
 
 
-def _register(prefixes, loader: Callable) -> None:
+def _changes() -> List[Change]:
+    """Replace the loaders of mmengine's local and http(s) schemes (the scheme table is
+    mmengine's extension point for checkpoint loading)."""
     from mmengine.runner.checkpoint import CheckpointLoader
-    CheckpointLoader.register_scheme(prefixes=prefixes, loader=loader, force=True)
+    schemes = CheckpointLoader._schemes
+    return [Change(schemes, '', load_checkpoint_file),
+            Change(schemes, 'http://', _load_from_http),
+            Change(schemes, 'https://', _load_from_http)]
 
 
-def apply() -> bool:
-    """Route mmengine's local and http(s) checkpoint loading through the allow-list."""
-    _register('', load_checkpoint_file)
-    _register(('http://', 'https://'), _load_from_http)
-    return True
+PATCH = declare(Patch(
+    name='checkpoint', kind='fixes',
+    targets=('mmengine.runner.checkpoint.CheckpointLoader._schemes',),
+    upstream=UPSTREAM, changes=_changes,
+    why='torch >= 2.6 refuses mmengine checkpoints (torch.load without weights_only): '
+        'weights_only with an allow-list, full unpickling only for trusted files'))

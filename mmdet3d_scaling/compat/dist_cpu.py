@@ -8,7 +8,9 @@ CUDA the launch functions run with ``set_device`` as a no-op (there is no device
 choose); with CUDA nothing changes.
 """
 import functools
-from typing import Callable
+from typing import Callable, List
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmengine 0.10.x, CPU-only torch'
 _LAUNCH_FUNCTIONS = ('_init_dist_pytorch', '_init_dist_mpi', '_init_dist_slurm')
@@ -30,15 +32,15 @@ def _without_set_device(launch: Callable) -> Callable:
     return wrapper
 
 
-def apply() -> bool:
-    import torch
+def _changes() -> List[Change]:
     from mmengine.dist import utils
-    if torch.cuda.is_available():
-        return False
-    changed = False
-    for name in _LAUNCH_FUNCTIONS:
-        launch = getattr(utils, name)
-        if not getattr(launch, '_mmdet3d_scaling_wrapped', False):
-            setattr(utils, name, _without_set_device(launch))
-            changed = True
-    return changed
+    return [Change(utils, name, _without_set_device(getattr(utils, name)))
+            for name in _LAUNCH_FUNCTIONS]
+
+
+PATCH = declare(Patch(
+    name='dist_cpu', kind='cpu',
+    targets=tuple(f'mmengine.dist.utils.{name}' for name in _LAUNCH_FUNCTIONS),
+    upstream=UPSTREAM, changes=_changes,
+    why='init_dist calls torch.cuda.set_device: gloo runs under torchrun / srun / '
+        'mpirun die at start on a CPU-only torch'))

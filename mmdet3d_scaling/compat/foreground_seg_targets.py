@@ -16,7 +16,7 @@ same order. Equality with the original is tested in
 import torch
 from torch import Tensor
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmdet3d 1.4.0'
 
@@ -49,6 +49,7 @@ def get_targets(self, points_bxyz: Tensor, batch_gt_instances_3d) -> dict:
     return dict(seg_targets=torch.cat(labels, dim=0))
 
 
-def apply() -> bool:
-    from mmdet3d.models.roi_heads.mask_heads import ForegroundSegmentationHead
-    return replace_method(ForegroundSegmentationHead, 'get_targets', get_targets)
+PATCH = declare(method_patch(
+    'foreground_seg_targets', 'speed', 'mmdet3d.models.roi_heads.mask_heads:ForegroundSegmentationHead',
+    'get_targets', get_targets, UPSTREAM,
+    why="PV-RCNN's point-head targets wait per sample: one wait a batch"))

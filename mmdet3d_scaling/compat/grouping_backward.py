@@ -17,9 +17,11 @@ reads as 0, gets no gradient (the kernel would add it to another sample's row; m
 ball query never yields one). Non-stacked calls and CPU tensors go to what was bound
 before (mmcv's op or :mod:`point_ops_cpu`'s twin).
 """
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Tuple
 
 import torch
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmcv 2.1.0 (used by mmdet3d 1.4.0)'
 TARGET = 'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module'
@@ -91,12 +93,14 @@ def _grouping(before: Callable) -> Callable:
     return grouping_operation
 
 
-def apply() -> bool:
-    """Rebind ``grouping_operation`` in mmdet3d's stacked SA module (idempotent; after
-    :mod:`point_ops_cpu`, whose CPU twin stays behind it)."""
+def _changes() -> List[Change]:
     import importlib
     module = importlib.import_module(TARGET)
-    current = module.grouping_operation
-    if not getattr(current, '_grouping_backward', False):
-        module.grouping_operation = _grouping(current)
-    return True
+    return [Change(module, 'grouping_operation', _grouping(module.grouping_operation))]
+
+
+PATCH = declare(Patch(
+    name='grouping_backward', kind='speed', targets=(f'{TARGET}.grouping_operation',),
+    upstream=UPSTREAM, changes=_changes,
+    why="stacked grouping's backward uses per-channel atomics (30 % of PV-RCNN's GPU "
+        'time): one index_add_ of feature rows'))

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmengine 0.10.x'
 
@@ -61,6 +61,7 @@ def take_rows(data: Any, index: torch.Tensor):
     return new_data
 
 
-def apply() -> bool:
-    from mmengine.structures import InstanceData
-    return replace_method(InstanceData, '__getitem__', getitem)
+PATCH = declare(method_patch(
+    'instance_data_index', 'speed', 'mmengine.structures:InstanceData',
+    '__getitem__', getitem, UPSTREAM,
+    why='InstanceData[mask] waits on the GPU once per field: one wait'))

@@ -23,7 +23,7 @@ from typing import List, Sequence
 import torch
 from torch import Tensor
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmdet3d 1.4.0'
 
@@ -123,6 +123,7 @@ def sample(self, assign_result, bboxes, gt_bboxes, gt_labels=None, **kwargs):
     return sample_with_counts(self, assign_result, bboxes, gt_bboxes, counts)
 
 
-def apply() -> bool:
-    from mmdet3d.models.task_modules.samplers import IoUNegPiecewiseSampler
-    return replace_method(IoUNegPiecewiseSampler, 'sample', sample)
+PATCH = declare(method_patch(
+    'iou_piecewise_sampler', 'speed', 'mmdet3d.models.task_modules.samplers:IoUNegPiecewiseSampler',
+    'sample', sample, UPSTREAM,
+    why='IoUNegPiecewiseSampler waits ~5 times a call: one wait, the same random draws'))

@@ -11,8 +11,11 @@ results, computed with mmcv's compiled ``box_iou_rotated``.
 """
 import sys
 import types
+from typing import List
 
 import numpy as np
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmdet3d 1.4.0'
 MODULE = 'mmdet3d.evaluation.functional.kitti_utils.rotate_iou'
@@ -89,13 +92,14 @@ def rotate_iou_eval(boxes, query_boxes, criterion=-1, device_id=0):
     return _IMPL['fn'](boxes, query_boxes, criterion, device_id)
 
 
-def apply() -> bool:
-    """Put the stand-in module in ``sys.modules``; True if this call installed it."""
-    current = sys.modules.get(MODULE)
-    if current is not None and getattr(current, '_mmdet3d_scaling_cpu', False):
-        return False
+def _changes() -> List[Change]:
     module = types.ModuleType(MODULE, __doc__)
     module.rotate_iou_gpu_eval = rotate_iou_eval
-    module._mmdet3d_scaling_cpu = True
-    sys.modules[MODULE] = module
-    return True
+    return [Change(sys.modules, MODULE, module)]
+
+
+PATCH = declare(Patch(
+    name='kitti_eval_cpu', kind='cpu', targets=(f'sys.modules[{MODULE!r}]',),
+    upstream=UPSTREAM, changes=_changes,
+    why='the KITTI metric needs a CUDA driver (numba.cuda rotated IoU): a CPU twin '
+        'with mmcv\'s box_iou_rotated when there is none'))

@@ -21,7 +21,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmdet 3.3.0'
 
@@ -70,6 +70,7 @@ def assign_wrt_overlaps(self, overlaps: Tensor, gt_labels: Optional[Tensor]):
                         labels=labels)
 
 
-def apply() -> bool:
-    from mmdet.models.task_modules.assigners import MaxIoUAssigner
-    return replace_method(MaxIoUAssigner, 'assign_wrt_overlaps', assign_wrt_overlaps)
+PATCH = declare(method_patch(
+    'max_iou_assigner', 'speed', 'mmdet.models.task_modules.assigners:MaxIoUAssigner',
+    'assign_wrt_overlaps', assign_wrt_overlaps, UPSTREAM,
+    why='MaxIoUAssigner waits on the GPU once per ground truth: same result, no host read'))

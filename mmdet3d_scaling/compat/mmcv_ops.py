@@ -31,7 +31,3 @@ def check() -> None:
             f'mmcv {mmcv.__version__} at {mmcv.__file__} has no compiled ops '
             f'(mmcv._ext: {err}); mmdet3d needs them. Fix: {FIX}') from err
 
-
-def apply() -> bool:
-    check()
-    return True

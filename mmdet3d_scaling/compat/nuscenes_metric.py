@@ -8,8 +8,11 @@ the shim returns those numbers, with a warning, instead of calling the devkit.
 """
 import functools
 import json
+from typing import List
 
 from mmengine.logging import print_log
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmdet3d 1.4.0 with nuscenes-devkit 1.x'
 
@@ -47,7 +50,15 @@ def _guarded(evaluate_single):
     return wrapper
 
 
-def apply() -> bool:
+def _changes() -> List[Change]:
     from mmdet3d.evaluation.metrics.nuscenes_metric import NuScenesMetric
-    NuScenesMetric._evaluate_single = _guarded(NuScenesMetric._evaluate_single)
-    return True
+    return [Change(NuScenesMetric, '_evaluate_single',
+                   _guarded(NuScenesMetric._evaluate_single))]
+
+
+PATCH = declare(Patch(
+    name='nuscenes_metric', kind='fixes',
+    targets=('mmdet3d.evaluation.metrics.nuscenes_metric.NuScenesMetric._evaluate_single',),
+    upstream=UPSTREAM, changes=_changes,
+    why='a result without boxes crashes the devkit (and the training run that '
+        'evaluates): report mAP = NDS = 0 instead'))

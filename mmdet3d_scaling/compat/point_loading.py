@@ -7,9 +7,12 @@ nor the expected point dimension. The shim wraps their ``_load_points`` to check
 size and raise :class:`CorruptPointCloudError` that says both.
 """
 import functools
+from typing import List
 import os
 
 import numpy as np
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmdet3d 1.4.0'
 
@@ -44,8 +47,16 @@ def _checked(load_points):
     return wrapper
 
 
-def apply() -> bool:
+def _changes() -> List[Change]:
     from mmdet3d.datasets.transforms import loading
-    for cls in (loading.LoadPointsFromFile, loading.LoadPointsFromMultiSweeps):
-        cls._load_points = _checked(cls._load_points)
-    return True
+    return [Change(cls, '_load_points', _checked(cls._load_points))
+            for cls in (loading.LoadPointsFromFile, loading.LoadPointsFromMultiSweeps)]
+
+
+PATCH = declare(Patch(
+    name='point_loading', kind='fixes',
+    targets=('mmdet3d.datasets.transforms.loading.LoadPointsFromFile._load_points',
+             'mmdet3d.datasets.transforms.loading.LoadPointsFromMultiSweeps._load_points'),
+    upstream=UPSTREAM, changes=_changes,
+    why='a truncated point file fails with numpy reshape, naming neither file nor '
+        'point dimension: an error that names both'))

@@ -10,9 +10,11 @@ unchanged, CPU tensors to a PyTorch twin with the CUDA kernel's semantics (read 
 mmcv 2.1.0's ``csrc/common/cuda/*_kernel.cuh``). The twins are for tests, smoke runs
 and profiling on a CPU; they are plain loops and tensor ops, not fast.
 """
-from typing import Any, Callable, Optional
+from typing import Any, Callable, List, Optional
 
 import torch
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'mmcv 2.1.0 (used by mmdet3d 1.4.0)'
 
@@ -168,14 +170,19 @@ def _dispatching(name: str, upstream: Callable, cpu: Callable) -> Callable:
     return op
 
 
-def apply() -> bool:
-    """Rebind the ops in the mmdet3d modules that imported them (idempotent)."""
+def _changes() -> List[Change]:
     import importlib
+    changes = []
     for module_name, names in TARGETS.items():
         module = importlib.import_module(module_name)
-        for name in names:
-            current = getattr(module, name)
-            if getattr(current, '_point_ops_cpu', False):
-                continue
-            setattr(module, name, _dispatching(name, current, CPU_TWINS[name]))
-    return True
+        changes += [Change(module, name, _dispatching(name, getattr(module, name),
+                                                      CPU_TWINS[name])) for name in names]
+    return changes
+
+
+PATCH = declare(Patch(
+    name='point_ops_cpu', kind='cpu',
+    targets=tuple(f'{m}.{n}' for m, names in TARGETS.items() for n in names),
+    upstream=UPSTREAM, changes=_changes,
+    why="FPS, stacked ball query / grouping and points_in_boxes_part are CUDA-only: "
+        "PyTorch twins for CPU tensors (PV-RCNN on a CPU)"))

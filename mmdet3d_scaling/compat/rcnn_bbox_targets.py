@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmdet3d 1.4.0'
 
@@ -65,6 +65,7 @@ def get_target_single(self, pos_bboxes: Tensor, pos_gt_bboxes: Tensor, ious: Ten
     return label, bbox_targets, pos_gt_bboxes, reg_mask, label_weights, bbox_weights
 
 
-def apply() -> bool:
-    from mmdet3d.models.roi_heads.bbox_heads import PVRCNNBBoxHead
-    return replace_method(PVRCNNBBoxHead, '_get_target_single', get_target_single)
+PATCH = declare(method_patch(
+    'rcnn_bbox_targets', 'speed', 'mmdet3d.models.roi_heads.bbox_heads:PVRCNNBBoxHead',
+    '_get_target_single', get_target_single, UPSTREAM,
+    why="PV-RCNN's box-head targets wait 2-5 times a sample: torch.where, no wait"))

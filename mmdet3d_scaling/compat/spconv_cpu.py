@@ -14,8 +14,12 @@ runs each sparse convolution in fp32 with autocast off; CUDA tensors are untouch
 """
 import functools
 import importlib
+import importlib.util
+from typing import List
 
 import torch
+
+from .patching import Change, Patch, declare
 
 UPSTREAM = 'spconv 2.3.x'
 _MODULES = ('spconv.pytorch.cppcore', 'spconv.pytorch.ops', 'spconv.pytorch.hash',
@@ -45,20 +49,25 @@ def _fp32_on_cpu(forward):
     return wrapper
 
 
-def apply() -> bool:
-    """Patch spconv if installed. Returns whether the CUDA-stream shim was needed."""
-    try:
-        conv = importlib.import_module('spconv.pytorch.conv')
-    except ImportError:
-        return False
-    conv.SparseConvolution.forward = _fp32_on_cpu(conv.SparseConvolution.forward)
-    if torch.cuda.is_available():
-        return False
-    try:
-        modules = [importlib.import_module(name) for name in _MODULES]
-    except ImportError:
-        return False
-    for module in modules:
+def _spconv_installed() -> bool:
+    return importlib.util.find_spec('spconv') is not None
+
+
+def _changes() -> List[Change]:
+    conv = importlib.import_module('spconv.pytorch.conv')
+    changes = [Change(conv.SparseConvolution, 'forward',
+                      _fp32_on_cpu(conv.SparseConvolution.forward))]
+    for name in _MODULES:
+        module = importlib.import_module(name)
         if hasattr(module, 'get_current_stream'):
-            module.get_current_stream = cpu_current_stream
-    return True
+            changes.append(Change(module, 'get_current_stream', cpu_current_stream))
+    return changes
+
+
+PATCH = declare(Patch(
+    name='spconv_cpu', kind='cpu',
+    targets=tuple(f'{m}.get_current_stream' for m in _MODULES)
+    + ('spconv.pytorch.conv.SparseConvolution.forward',),
+    upstream=UPSTREAM, changes=_changes, needed=_spconv_installed,
+    why='sparse-conv backward asks CUDA for a stream on a CPU-only torch; no bf16 CPU '
+        'kernels: CPU convolutions run in fp32'))

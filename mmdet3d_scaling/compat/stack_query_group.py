@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ._patch import replace_method
+from .patching import declare, method_patch
 
 UPSTREAM = 'mmdet3d 1.4.0'
 MODULE = 'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module'
@@ -58,7 +58,7 @@ def forward(self, xyz: Tensor, xyz_batch_cnt: Tensor, new_xyz: Tensor,
     return grouped, idx
 
 
-def apply() -> bool:
-    import importlib
-    module = importlib.import_module(MODULE)
-    return replace_method(module.StackQueryAndGroup, 'forward', forward)
+PATCH = declare(method_patch(
+    'stack_query_group', 'speed', 'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module:StackQueryAndGroup',
+    'forward', forward, UPSTREAM,
+    why='StackQueryAndGroup asserts on GPU sums and mask-assigns: checks queued, masked_fill'))

@@ -1,5 +1,8 @@
-"""Runner-side machinery: config preparation, launchers, parallel wrappers."""
-from .config_preparation import prepare_config
+"""Runner-side machinery: the ScalingRunner, launchers, command lines, DDP wrapping.
+
+``runner`` (ScalingRunner) and ``cli`` are imported by the package itself after
+``config``, which needs ``launcher`` from here: keep this module light.
+"""
 from .launcher import detect_launcher, resolve_launcher
 
-__all__ = ['prepare_config', 'detect_launcher', 'resolve_launcher']
+__all__ = ['detect_launcher', 'resolve_launcher']

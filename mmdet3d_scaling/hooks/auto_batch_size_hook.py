@@ -14,20 +14,18 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 from mmengine import dist
-from mmengine.hooks import CheckpointHook, Hook
+from mmengine.hooks import Hook
 from mmengine.logging import print_log
 from mmengine.model import is_model_wrapper
-from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop
-from mmengine.runner.base_loop import BaseLoop
-from mmengine.runner.loops import _InfiniteDataloaderIterator
-from mmengine.runner.utils import calc_dynamic_intervals
 
 from mmdet3d.registry import HOOKS
 
 from ..batch_size.cache import ResultCache, cache_key, lookup_agreed
 from ..batch_size.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
 from ..batch_size.samples import LargestSampleBatches
-from ..batch_size.search import BatchSizeFinder, SearchResult, optim_wrappers
+from ..batch_size.search import BatchSizeFinder, SearchResult
+from ..engine.optim_state import accumulation as optim_accumulation, optim_wrappers
+from ..engine.runner import require_scaling_runner
 from ..registry import register
 
 ADJUST_MODES = ('accumulation', 'lr')
@@ -109,7 +107,8 @@ class AutoBatchSizeHook(Hook):
     # ------------------------------------------------------------------ entry point
     def before_run(self, runner) -> None:
         # before_run also fires for runner.val()/test(); act once, when training.
-        if self._done or not isinstance(runner._train_loop, BaseLoop):
+        if self._done or not require_scaling_runner(
+                runner, 'AutoBatchSizeHook').train_loop_built:
             return
         self._done = True
         model = runner.model.module if is_model_wrapper(runner.model) else runner.model
@@ -215,13 +214,13 @@ class AutoBatchSizeHook(Hook):
         if batch is None:
             raise ValueError('AutoBatchSizeHook: cannot read the train dataloader\'s '
                              'batch size; set train_dataloader.batch_size.')
-        accumulation = optim_wrappers(runner.optim_wrapper)[0]._accumulative_counts
+        accumulation = optim_accumulation(runner.optim_wrapper)
         return dict(batch=batch, accumulation=accumulation,
                     total=batch * world_size * accumulation)
 
     def _upper_bound(self, runner, current: Dict[str, int], world_size: int) -> int:
         """Largest batch worth trying; checks the setting can be changed at all."""
-        from ..engine.scaling_recipe import recorded_plan
+        from ..config.scaling_recipe import recorded_plan
         if runner.cfg.get('train_dataloader') is None or \
                 runner.cfg.get('optim_wrapper') is None:
             raise ValueError('AutoBatchSizeHook needs a Runner built from a config '
@@ -252,7 +251,7 @@ class AutoBatchSizeHook(Hook):
         return max(upper, 1)
 
     def _make_plan(self, runner, current: Dict[str, int], found: int, world_size: int):
-        from ..engine.scaling_recipe import make_plan, recorded_plan
+        from ..config.scaling_recipe import make_plan, recorded_plan
         scaling = runner.cfg.get('scaling') or {}
         recorded = recorded_plan(runner.cfg)
         if self.adjust == 'accumulation':
@@ -268,107 +267,7 @@ class AutoBatchSizeHook(Hook):
                          base_batch_size=base, lr_scaling=self.lr_scaling)
 
     def _apply(self, runner, current: Dict[str, int], found: int, world_size: int) -> None:
-        """Make the built runner train with the plan for ``found``.
-
-        The scaling recipe's :func:`apply_plan` writes the plan into a copy of the
-        config (batch, accumulation, LR, iteration counts as optimizer steps); the parts
-        of the runner built from those values are then replaced or updated.
-        """
-        from ..engine.scaling_recipe import apply_plan, format_plan, recorded_plan
-        plan = self._make_plan(runner, current, found, world_size)
-        old = recorded_plan(runner.cfg)
-        cfg = apply_plan(copy.deepcopy(runner.cfg), plan)
-        if plan.per_gpu_batch != current['batch']:
-            self._replace_dataloader(runner, plan.per_gpu_batch)
-        _update_loop(runner.train_loop, cfg.get('train_cfg') or {})
-        _set_accumulation(runner, plan.accumulation)
-        lr_ratio = plan.lr_scale / (old.lr_scale if old is not None else 1.0)
-        if lr_ratio != 1:
-            _scale_lr(runner.optim_wrapper, lr_ratio)
-        _update_checkpoint_interval(runner, cfg)
-        if runner.param_schedulers is not None:
-            _rebuild_schedulers(runner, cfg)
-        runner.cfg = cfg  # checkpoints record the config in use
-        self.plan = plan
-        runner.logger.info('auto batch size:\n' + format_plan(plan))
-
-    @staticmethod
-    def _replace_dataloader(runner, batch_size: int) -> None:
-        loop = runner.train_loop
-        loader_cfg = runner._train_dataloader
-        if not isinstance(loader_cfg, dict):
-            raise TypeError('AutoBatchSizeHook needs train_dataloader as a config dict '
-                            'to rebuild it with a new batch size, got a built '
-                            f'{type(loader_cfg).__name__}.')
-        loader_cfg = copy.copy(loader_cfg)
-        dataset = loop.dataloader.dataset
-        if loader_cfg.get('num_batch_per_epoch') is not None:
-            dataset = getattr(dataset, '_dataset', dataset)  # it is sliced again
-        loader_cfg['dataset'] = dataset  # built once; only the loader changes
-        loader_cfg['batch_size'] = batch_size
-        diff_rank_seed = runner._randomness_cfg.get('diff_rank_seed', False)
-        loop.dataloader = runner.build_dataloader(
-            loader_cfg, seed=runner.seed, diff_rank_seed=diff_rank_seed)
-        if isinstance(loop, IterBasedTrainLoop):
-            loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
-
-
-def _update_loop(loop: BaseLoop, train_cfg: dict) -> None:
-    """Loop length and validation schedule for the new batch / accumulation."""
-    if isinstance(loop, EpochBasedTrainLoop):
-        loop._max_iters = loop.max_epochs * len(loop.dataloader)
-    elif isinstance(loop, IterBasedTrainLoop):
-        loop._max_iters = int(train_cfg.get('max_iters', loop.max_iters))
-    else:
-        raise TypeError(f'AutoBatchSizeHook: unsupported train loop {type(loop).__name__};'
-                        ' use EpochBasedTrainLoop or IterBasedTrainLoop.')
-    loop.val_begin = train_cfg.get('val_begin', loop.val_begin)
-    loop.val_interval = train_cfg.get('val_interval', loop.val_interval)
-    loop.dynamic_milestones, loop.dynamic_intervals = calc_dynamic_intervals(
-        loop.val_interval, train_cfg.get('dynamic_intervals'))
-
-
-def _set_accumulation(runner, accumulation: int) -> None:
-    """The optim wrapper's count, and GradientCumulativeOptimizerHook's if present
-    (its ``before_run`` runs after this hook's and checks that both agree)."""
-    for wrapper in optim_wrappers(runner.optim_wrapper):
-        wrapper._accumulative_counts = accumulation
-    for hook in runner.hooks:
-        if type(hook).__name__ == 'GradientCumulativeOptimizerHook':
-            hook.cumulative_iters = accumulation
-
-
-def _update_checkpoint_interval(runner, cfg) -> None:
-    """An iteration-based checkpoint interval counts optimizer steps in the recipe."""
-    ckpt = (cfg.get('default_hooks') or {}).get('checkpoint')
-    if not isinstance(ckpt, dict) or 'interval' not in ckpt:
-        return
-    for hook in runner.hooks:
-        if isinstance(hook, CheckpointHook):
-            hook.interval = ckpt['interval']
-
-
-def _rebuild_schedulers(runner, cfg) -> None:
-    """Schedulers converted from epochs, or ending at the loop's end, depend on the
-    loop length: build them again from the config, as the runner did."""
-    sched_cfg = cfg.get('param_scheduler')
-    if sched_cfg is None:
-        return
-    _reset_to_initial(runner.optim_wrapper)
-    runner.param_schedulers = runner.build_param_scheduler(copy.deepcopy(sched_cfg))
-
-
-def _reset_to_initial(optim_wrapper) -> None:
-    """Undo the schedulers' first step: every ``initial_x`` back into ``x``."""
-    for wrapper in optim_wrappers(optim_wrapper):
-        for group in wrapper.optimizer.param_groups:
-            for key in [k for k in group if k.startswith('initial_')]:
-                group[key[len('initial_'):]] = group[key]
-
-
-def _scale_lr(optim_wrapper, factor: float) -> None:
-    for wrapper in optim_wrappers(optim_wrapper):
-        for group in wrapper.optimizer.param_groups:
-            group['lr'] *= factor
-            if 'initial_lr' in group:
-                group['initial_lr'] *= factor
+        """Make the built runner train with the plan for ``found`` per-GPU samples."""
+        self.plan = self._make_plan(runner, current, found, world_size)
+        require_scaling_runner(runner, 'AutoBatchSizeHook').apply_plan(
+            self.plan, 'auto batch size')

@@ -26,6 +26,8 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet3d.registry import HOOKS
 
+from ..engine.optim_state import (accumulation, count_state, micro_steps_in_window,
+                                  reset_to_initial, set_accumulation, set_count_status)
 from ..registry import register
 from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
@@ -44,24 +46,6 @@ def batch_norm_layers(model: torch.nn.Module) -> List[str]:
     """Names of the BatchNorm (incl. SyncBatchNorm) layers of ``model``."""
     return [name for name, m in unwrap_model(model).named_modules()
             if isinstance(m, _BatchNorm)]
-
-
-def set_count_status(wrapper: OptimWrapper, done: int, total: int) -> None:
-    """Put ``wrapper`` ``done`` micro-steps into a run of ``total`` micro-steps.
-
-    The same state as ``OptimWrapper.initialize_count_status`` without its log lines,
-    which would otherwise repeat at every epoch.
-    """
-    wrapper._inner_count = done
-    wrapper._max_counts = total
-    wrapper._remainder_counts = total % wrapper._accumulative_counts
-
-
-def micro_steps_in_window(wrapper: OptimWrapper) -> int:
-    """Micro-steps accumulated since the last optimizer step (0: gradients are clear)."""
-    if wrapper.should_update():  # the last backward closed a window (or none ran yet)
-        return 0
-    return wrapper._inner_count % wrapper._accumulative_counts
 
 
 def _clip_spec(clip: Optional[dict]) -> Optional[dict]:
@@ -99,7 +83,7 @@ class GradientCumulativeOptimizerHook(Hook):
     Use it from ``custom_hooks=[dict(type='GradientCumulativeOptimizerHook',
     cumulative_iters=4)]`` or with mmcv 1.x's ``optimizer_config = dict(
     type='GradientCumulativeOptimizerHook', cumulative_iters=4, grad_clip=...)``
-    (translated by :mod:`mmdet3d_scaling.engine.legacy_config`). With ``N =
+    (translated by :mod:`mmdet3d_scaling.config.legacy_keys`). With ``N =
     cumulative_iters``, a user can rely on:
 
     - **Loss divided by the window**: each micro-step's loss is divided by ``N`` (by
@@ -176,7 +160,7 @@ class GradientCumulativeOptimizerHook(Hook):
         self._gate_scheduler_hooks(runner)
 
     def _reconcile_counts(self, wrapper: OptimWrapper) -> None:
-        current = wrapper._accumulative_counts
+        current = accumulation(wrapper)
         if current == self.cumulative_iters:
             return
         if current != 1:
@@ -185,7 +169,7 @@ class GradientCumulativeOptimizerHook(Hook):
                 f'{self.cumulative_iters}) conflicts with optim_wrapper '
                 f'accumulative_counts={current}. Set one value: remove '
                 'optim_wrapper.accumulative_counts or make both equal.')
-        wrapper._accumulative_counts = self.cumulative_iters
+        set_accumulation(wrapper, self.cumulative_iters)
 
     def _reconcile_clip(self, wrapper: OptimWrapper) -> None:
         wanted, current = _clip_spec(self.grad_clip), _wrapper_clip_spec(wrapper)
@@ -250,11 +234,7 @@ class GradientCumulativeOptimizerHook(Hook):
             return
         # The first build already applied each scheduler's initial value (e.g. a
         # warm-up factor); start again from the values the schedulers recorded.
-        for group in wrapper.optimizer.param_groups:
-            for key in [k for k in group if k.startswith('initial_')]:
-                group[key[len('initial_'):]] = group[key]
-            if 'initial_momentum' in group and 'betas' in group:  # Adam: beta_0
-                group['betas'] = (group['initial_momentum'], *group['betas'][1:])
+        reset_to_initial(wrapper)
         steps_per_epoch = self.optimizer_steps_per_epoch(runner)
         total = self.total_optimizer_steps(runner)
         schedulers = []
@@ -393,7 +373,7 @@ class GradientCumulativeOptimizerHook(Hook):
         elif saved_n != self.cumulative_iters:
             reason = (f'the checkpoint accumulated over {saved_n} micro-steps, this run '
                       f'over {self.cumulative_iters}')
-        elif wrapper._inner_count % self.cumulative_iters != micro_steps:
+        elif count_state(wrapper)['_inner_count'] % self.cumulative_iters != micro_steps:
             reason = (f'iteration {runner.iter} is not {micro_steps} micro-steps into '
                       'a window')
         if reason:

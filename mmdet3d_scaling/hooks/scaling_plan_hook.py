@@ -3,22 +3,14 @@ checkpoint on another GPU count at the same place in the schedule."""
 from typing import Any, Dict, List, Optional
 
 from mmengine.hooks import Hook
-from mmengine.optim import OptimWrapperDict
 
 from mmdet3d.registry import HOOKS
 
-from ..engine.scaling_recipe import ScalingPlan, format_plan, recorded_plan, scheduler_unit
+from ..config.scaling_recipe import ScalingPlan, format_plan, recorded_plan, scheduler_unit
+from ..engine.optim_state import accumulation
 from ..registry import register
 
 META_KEY = 'scaling_plan'
-
-
-def _accumulation(optim_wrapper: Any) -> int:
-    if isinstance(optim_wrapper, OptimWrapperDict):
-        optim_wrapper = next(iter(optim_wrapper.values()))
-    if isinstance(optim_wrapper, dict):  # not built yet
-        return int(optim_wrapper.get('accumulative_counts', 1))
-    return int(getattr(optim_wrapper, '_accumulative_counts', 1))
 
 
 def runtime_plan(runner) -> ScalingPlan:
@@ -28,7 +20,7 @@ def runtime_plan(runner) -> ScalingPlan:
     """
     per_gpu = runner.train_dataloader.batch_size
     world = runner.world_size
-    acc = _accumulation(runner.optim_wrapper)
+    acc = accumulation(runner.optim_wrapper)
     total = per_gpu * world * acc
     recorded = recorded_plan(runner.cfg) if runner.cfg is not None else None
     if recorded is not None:

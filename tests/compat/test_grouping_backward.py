@@ -7,6 +7,7 @@ import torch
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import grouping_backward as shim
+from mmdet3d_scaling.compat import patching
 from mmdet3d_scaling.compat.point_ops_cpu import stack_grouping_operation_cpu
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
@@ -82,8 +83,8 @@ def test_bound_in_mmdet3d_before_the_cpu_twin():
     from mmdet3d.models.layers.pointnet_modules import stack_point_sa_module as sa
     bound = sa.grouping_operation
     assert bound._grouping_backward and bound._before._point_ops_cpu
-    shim.apply()
-    assert sa.grouping_operation is bound  # idempotent
+    assert patching.apply(['grouping_backward']) == []
+    assert sa.grouping_operation is bound  # applied once
     # CPU tensors still reach the CPU twin, with autograd through it
     features, indices, fcnt, icnt = _case((10, 7), (6, 3))
     leaf = features.clone().requires_grad_()

@@ -6,6 +6,7 @@ import mmdet3d_scaling  # noqa: F401  (applies the shim)
 from mmdet.models.task_modules.assigners import MaxIoUAssigner
 from mmdet3d.models.task_modules.assigners import Max3DIoUAssigner
 from mmdet3d_scaling.compat import max_iou_assigner as shim
+from mmdet3d_scaling.compat import patching
 
 ORIGINAL = shim.assign_wrt_overlaps.original
 # named with its scope: other tests leave another default scope set
@@ -34,7 +35,7 @@ def test_the_shim_is_in_place_for_3d_assigners_too():
     assert MaxIoUAssigner.assign_wrt_overlaps is shim.assign_wrt_overlaps
     assert Max3DIoUAssigner.assign_wrt_overlaps is shim.assign_wrt_overlaps
     assert ORIGINAL is not shim.assign_wrt_overlaps
-    shim.apply()  # idempotent: the original stays the original
+    assert patching.apply(['max_iou_assigner']) == []  # applied once; the original stays
     assert shim.assign_wrt_overlaps.original is ORIGINAL
 
 
@@ -86,9 +87,11 @@ def test_the_shim_can_be_skipped(value, expected):
     import subprocess
     import sys
     code = ('import mmdet3d_scaling\n'
+            'from mmdet3d_scaling.compat import patching\n'
+            "patching.apply(['speed'])\n"
             'from mmdet.models.task_modules.assigners import MaxIoUAssigner\n'
             'print(MaxIoUAssigner.assign_wrt_overlaps.__module__)')
-    env = dict(os.environ, MMDET3D_SCALING_SKIP_SHIMS=value)
+    env = dict(os.environ, MMDET3D_SCALING_SKIP_PATCHES=value)
     out = subprocess.run([sys.executable, '-c', code], env=env, capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -99,8 +102,8 @@ def test_an_unknown_shim_name_is_an_error():
     import os
     import subprocess
     import sys
-    env = dict(os.environ, MMDET3D_SCALING_SKIP_SHIMS='max_iou_asigner')
+    env = dict(os.environ, MMDET3D_SCALING_SKIP_PATCHES='max_iou_asigner')
     out = subprocess.run([sys.executable, '-c', 'import mmdet3d_scaling'], env=env,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode != 0
-    assert "unknown shim(s) ['max_iou_asigner']" in out.stderr
+    assert "unknown patch(es) ['max_iou_asigner']" in out.stderr

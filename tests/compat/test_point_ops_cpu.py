@@ -7,6 +7,7 @@ import torch
 
 import mmdet3d_scaling  # noqa: F401  (applies the shim)
 from mmdet3d_scaling.compat import point_ops_cpu as ops
+from mmdet3d_scaling.compat import patching
 
 
 # ------------------------------------------------- kernels, transcribed loop by loop
@@ -141,7 +142,7 @@ def test_mmdet3d_modules_call_the_dispatchers():
         for name in names:
             op = getattr(module, name)
             assert op._point_ops_cpu and op._upstream is getattr(mmcv_ops, name)
-    ops.apply()  # idempotent: still one wrapper around mmcv's op
+    assert patching.apply(['point_ops_cpu']) == []  # applied once: one wrapper
     module = importlib.import_module(
         'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module')
     assert module.ball_query._upstream is mmcv_ops.ball_query

@@ -12,6 +12,7 @@ from mmengine.structures import InstanceData
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import roi_assign as shim
+from mmdet3d_scaling.compat import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import needs_cuda
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
@@ -67,7 +68,7 @@ def _run(fn, head, batch, seed=123):
 def test_the_shim_is_in_place():
     from mmdet3d.models.roi_heads import PVRCNNRoiHead
     assert PVRCNNRoiHead._assign_and_sample is shim.assign_and_sample
-    shim.apply()
+    assert patching.apply(['roi_assign']) == []  # applied once; the original stays
     assert shim.assign_and_sample.original is ORIGINAL
 
 

@@ -8,6 +8,7 @@ from mmengine.config import ConfigDict
 
 import mmdet3d_scaling  # noqa: F401  (applies the shims)
 from mmdet3d_scaling.compat import rpn_proposal_nms as shim
+from mmdet3d_scaling.compat import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
@@ -44,7 +45,7 @@ def _call(fn, head, num, seed, score_thr, rotate, nms_post):
 def test_the_shim_is_in_place():
     from mmdet3d.models.dense_heads import PartA2RPNHead
     assert PartA2RPNHead.class_agnostic_nms is shim.class_agnostic_nms
-    shim.apply()
+    assert patching.apply(['rpn_proposal_nms']) == []  # applied once; the original stays
     assert shim.class_agnostic_nms.original is ORIGINAL
 
 

@@ -3,6 +3,7 @@ import torch
 
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.compat import spconv_cpu
+from mmdet3d_scaling.compat import patching
 
 spconv = pytest.importorskip('spconv.pytorch')
 
@@ -26,10 +27,9 @@ def test_sparse_conv_backward_on_cpu():
     assert all(p.grad is not None for p in net.parameters())
 
 
-def test_apply_is_idempotent():
-    first = spconv_cpu.apply()
-    second = spconv_cpu.apply()
-    assert first == second == (not torch.cuda.is_available())
+def test_applied_on_import_without_cuda_only():
+    assert ('spconv_cpu' in patching.applied()) == (not torch.cuda.is_available())
+    assert patching.apply(['spconv_cpu']) == []
 
 
 def test_sparse_conv_under_cpu_bf16_autocast():

@@ -10,7 +10,7 @@ import pytest
 from mmengine.config import Config
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.engine.config_preparation import prepare_config
+from mmdet3d_scaling.config.preparation import prepare_config
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 CONFIGS = osp.join(REPO, 'configs')

@@ -19,7 +19,7 @@ from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hooks, wraps Runner.from_cfg)
 from mmdet3d.registry import HOOKS
-from mmdet3d_scaling.engine.auto_batch_size import configure_auto_batch_size
+from mmdet3d_scaling.config.auto_batch_size import configure_auto_batch_size
 from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook
 from tests.auto_batch_size_common import data_root_for_tests, demo_config
 

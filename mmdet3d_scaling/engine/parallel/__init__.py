@@ -1,10 +1,7 @@
-"""Single-process / distributed model wrapping and process-group setup."""
+"""Distributed model wrapping: the DDP wrapper and the SyncBN conversions it uses."""
 from .ddp_wrapper import ScalingDistributedDataParallel
-from .device_setup import configure_devices
-from .distributed_config import configure_distributed
 from .sync_bn import convert_sync_bn, norm_layer_counts
 from .unused_params import unused_parameter_names
 
-__all__ = ['configure_devices', 'configure_distributed', 'convert_sync_bn',
-           'norm_layer_counts', 'unused_parameter_names',
+__all__ = ['convert_sync_bn', 'norm_layer_counts', 'unused_parameter_names',
            'ScalingDistributedDataParallel']

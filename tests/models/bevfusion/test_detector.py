@@ -170,7 +170,7 @@ def test_runner_trains_and_evaluates_on_synthetic_nuscenes(tmp_path):
 def test_lidar_configs_keep_the_official_effective_batch(gpus):
     """Each per-GPU-count variant (and the generic recipe on that many GPUs) plans
     4 samples per GPU x accumulation = 32 per optimizer step, lr 1e-4 unscaled."""
-    from mmdet3d_scaling.engine.scaling_recipe import plan_from_config
+    from mmdet3d_scaling.config.scaling_recipe import plan_from_config
     base = osp.join(REPO, 'configs', 'bevfusion')
     variant = f'bevfusion_lidar_voxel0075_second_secfpn_{gpus}xb4-cyclic-20e_nus-3d.py'
     for name in (variant, 'bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py'):

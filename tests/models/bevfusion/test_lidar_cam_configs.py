@@ -15,7 +15,7 @@ from mmengine.registry import init_default_scope
 
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
-from mmdet3d_scaling.engine.scaling_recipe import apply_scaling_recipe
+from mmdet3d_scaling.config.scaling_recipe import apply_scaling_recipe
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 CFG_DIR = osp.join(REPO, 'configs', 'bevfusion')

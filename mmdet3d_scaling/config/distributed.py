@@ -25,8 +25,9 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
-from .ddp_wrapper import COMM_COMPRESSIONS
-from .sync_bn import IMPLEMENTATIONS, check_scope_format
+from ..engine.parallel.ddp_wrapper import COMM_COMPRESSIONS
+from ..engine.parallel.sync_bn import IMPLEMENTATIONS, check_scope_format
+from .validators import merge, positive_number
 
 WRAPPER = 'ScalingDistributedDataParallel'
 _WRAPPER_TYPES = (None, 'MMDistributedDataParallel', WRAPPER)
@@ -39,11 +40,6 @@ _WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_v
                  'sync_bn_scope', 'detect_anomalous_params')
 _BOOL_KEYS = ('static_graph', 'gradient_as_bucket_view', 'broadcast_buffers',
               'detect_anomalous_params')
-
-
-def _positive_number(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise ValueError(f'distributed.{name} must be a positive number, got {value!r}')
 
 
 def validate_options(options: Dict[str, Any]) -> None:
@@ -71,17 +67,7 @@ def validate_options(options: Dict[str, Any]) -> None:
         raise ValueError(f'distributed.{exc}') from None
     for key in ('bucket_cap_mb', 'timeout_minutes'):
         if options.get(key) is not None:
-            _positive_number(key, options[key])
-
-
-def _merge(name: str, sources: Dict[str, Any]) -> Any:
-    """One value from several places of the config; different values are an error."""
-    given = {where: v for where, v in sources.items() if v is not None}
-    if len(set(map(repr, given.values()))) > 1:
-        listed = ', '.join(f'{where}={v!r}' for where, v in given.items())
-        raise ValueError(f'conflicting {name} settings: {listed}. Keep one of them '
-                         '(preferably in distributed = dict(...)).')
-    return next(iter(given.values()), None)
+            positive_number(f'distributed.{key}', options[key])
 
 
 def _configure_timeout(cfg: Config, options: Dict[str, Any]) -> None:
@@ -121,9 +107,9 @@ def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
     wrapper = dict(cfg.get('model_wrapper_cfg') or {})
     for key in _WRAPPER_KEYS:
         top = cfg.get(key) if key in ('find_unused_parameters', 'sync_bn') else None
-        value = _merge(key, {f'distributed.{key}': options.get(key),
-                             f'model_wrapper_cfg.{key}': wrapper.get(key),
-                             key: top})
+        value = merge(f'{key} settings', [(f'distributed.{key}', options.get(key)),
+                                          (f'model_wrapper_cfg.{key}', wrapper.get(key)),
+                                          (key, top)])
         wrapper[key] = DEFAULTS[key] if value is None else value
     _check_compression_backend(cfg, wrapper['comm_compression'])
     cfg.pop('sync_bn', None)  # the wrapper converts it (mmengine's convert misses cases)

@@ -3,9 +3,9 @@
 Without this, a missing dataset fails late (when the first dataloader is built,
 possibly after minutes of model setup) with a bare ``FileNotFoundError`` from deep
 inside mmengine. :func:`check_data_paths` runs from
-:func:`mmdet3d_scaling.engine.config_preparation.prepare_config` and reports, for the
-train/val/test dataloaders (through RepeatDataset, ConcatDataset, CBGSDataset and other
-wrappers) and the evaluators:
+:class:`mmdet3d_scaling.engine.ScalingRunner` at the start of ``train()`` / ``val()`` /
+``test()`` and reports, for the dataloaders that command reads (through RepeatDataset,
+ConcatDataset, CBGSDataset and other wrappers) and their evaluators:
 
 - a missing ``data_root``;
 - a missing info file (``ann_file``) or ObjectSample database (``db_sampler.info_path``);
@@ -16,7 +16,7 @@ or a URL) are not checked. A config can skip the check with
 ``preflight = dict(check_data=False)`` (e.g. a test that never loads data).
 """
 import os.path as osp
-from typing import Iterator, List, Optional, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 from mmengine.config import Config
 
@@ -117,18 +117,22 @@ def _check_evaluator(evaluator, where: str) -> List[str]:
     return problems
 
 
-def check_data_paths(cfg: Config) -> None:
+def check_data_paths(cfg: Config, loaders: Sequence[str] = _LOADERS,
+                     evaluators: Sequence[str] = _EVALUATORS) -> None:
     """Raise :class:`MissingDataError` listing every missing data path of ``cfg``.
 
     Args:
         cfg: a full training/testing config. Skipped when it sets
             ``preflight = dict(check_data=False)``.
+        loaders: the dataloader keys the command will read (training: train, and val
+            when it validates; testing: test). Default: all three.
+        evaluators: the evaluator keys it will run. Default: val and test.
     """
     if not (cfg.get('preflight') or {}).get('check_data', True):
         return
     problems: List[str] = []
     seen = set()  # val and test often share a dataset: report each config once
-    for key in _LOADERS:
+    for key in loaders:
         loader = cfg.get(key)
         if isinstance(loader, dict):
             for ds, where in leaf_datasets(loader.get('dataset'), f'{key}.dataset'):
@@ -137,7 +141,7 @@ def check_data_paths(cfg: Config) -> None:
                     seen.add(ident)
                     problems += _check_dataset(ds, where)
     if not problems:  # evaluator paths repeat the loaders'; report them only alone
-        for key in _EVALUATORS:
+        for key in evaluators:
             if cfg.get(key):
                 problems += _check_evaluator(cfg.get(key), key)
     if problems:

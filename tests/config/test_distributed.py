@@ -5,8 +5,8 @@ import pytest
 from mmengine.config import Config
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.engine.config_preparation import prepare_config
-from mmdet3d_scaling.engine.parallel.distributed_config import configure_distributed
+from mmdet3d_scaling.config.preparation import prepare_config
+from mmdet3d_scaling.config.distributed import configure_distributed
 from tests.engine.parallel.dist_parts import toy_cfg
 
 

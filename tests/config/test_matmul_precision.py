@@ -3,8 +3,8 @@ import pytest
 import torch
 from mmengine.config import Config
 
-from mmdet3d_scaling.engine import prepare_config
-from mmdet3d_scaling.engine.matmul_precision import configure_matmul_precision
+from mmdet3d_scaling.config import prepare_config
+from mmdet3d_scaling.config.matmul_precision import configure_matmul_precision
 
 
 @pytest.fixture

@@ -5,7 +5,7 @@ import pytest
 from mmengine.config import Config
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.datasets.preflight import MissingDataError, check_data_paths
+from mmdet3d_scaling.config.preflight import MissingDataError, check_data_paths
 from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
 from tests.datasets.synthetic_helpers import demo_config
 
@@ -79,11 +79,37 @@ def test_opt_out_and_remote_paths_skip_the_check(tmp_path):
     check_data_paths(cfg)
 
 
-def test_runner_from_cfg_runs_the_check(tmp_path):
-    """Wired into prepare_config: the stock Runner.from_cfg path fails early."""
+def _without_training_data(tmp_path, tiny_root) -> str:
+    import shutil
+    root = str(tmp_path / 'kitti')
+    shutil.copytree(tiny_root, root)
+    for name in ('kitti_infos_train.pkl', 'kitti_dbinfos_train.pkl'):
+        (tmp_path / 'kitti' / name).unlink()
+    return root
+
+
+def test_scaling_runner_checks_only_the_loaders_of_the_command(tmp_path, tiny_root):
+    """train() names the missing training files; test() reads neither and runs."""
     from mmengine.runner import Runner
-    cfg = demo_config(str(tmp_path / 'nowhere'))
+    cfg = demo_config(_without_training_data(tmp_path, tiny_root))
     cfg.work_dir = str(tmp_path / 'work')
-    with pytest.raises(MissingDataError, match='create_synthetic_data.py kitti'):
-        Runner.from_cfg(cfg)
-    assert not osp.exists(tmp_path / 'work')  # failed before the Runner was set up
+    runner = Runner.from_cfg(cfg)
+    assert type(runner).__name__ == 'ScalingRunner'
+    with pytest.raises(MissingDataError) as err:
+        runner.train()
+    assert 'kitti_infos_train.pkl' in str(err.value)
+    assert 'kitti_dbinfos_train.pkl' in str(err.value)
+    metrics = runner.test()
+    assert any('KITTI' in key for key in metrics)
+
+
+def test_stock_config_is_not_checked(tmp_path, tiny_root):
+    """Without plugin keys the hand-off leaves the config to mmengine: no preflight."""
+    from mmengine.runner import Runner
+    cfg = demo_config(_without_training_data(tmp_path, tiny_root))
+    for key in ('runner_type', 'patches'):
+        cfg.pop(key)
+    cfg.work_dir = str(tmp_path / 'work')
+    runner = Runner.from_cfg(cfg)
+    assert type(runner) is Runner
+    runner.test()

@@ -33,6 +33,8 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
+from .validators import positive_int as _positive_int
+
 LR_SCALINGS = ('linear', 'sqrt', 'none')
 SCALING_KEYS = ('total_batch_size', 'base_batch_size', 'lr_scaling',
                 'per_gpu_batch_size', 'max_per_gpu_batch_size')
@@ -80,12 +82,6 @@ class ScalingPlan:
 
 
 # --------------------------------------------------------------------------- planning
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{name} must be a positive integer, got {value!r}')
-    return value
-
-
 def nearest_multiples(value: int, step: int) -> List[int]:
     """The multiples of ``step`` just below and just above ``value`` (positive ones)."""
     below = (value // step) * step

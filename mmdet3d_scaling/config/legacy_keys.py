@@ -1,6 +1,6 @@
 """Config steps for mmcv 1.x keys that mmengine ignores, and the plugin's ``amp`` key.
 
-Called from :func:`mmdet3d_scaling.engine.config_preparation.prepare_config`:
+Called from :func:`mmdet3d_scaling.config.preparation.prepare_config`:
 
 - ``optimizer_config = dict(type='GradientCumulativeOptimizerHook', cumulative_iters=4,
   grad_clip=...)`` -> the :class:`GradientCumulativeOptimizerHook` in ``custom_hooks``
@@ -22,6 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
+from .validators import ConfigConflictError, merge, positive_int
+
 HOOK_TYPE = 'GradientCumulativeOptimizerHook'
 SCHEDULER_HOOK_TYPE = 'OptimizerStepParamSchedulerHook'
 # mmcv 1.x optimizer hooks: type -> (accumulates, fp16)
@@ -35,10 +37,6 @@ _LEGACY_KEYS = {'type', 'grad_clip', 'cumulative_iters', 'loss_scale',
                 'detect_anomalous_params', 'distributed'}
 MMCV_DEFAULT_LOSS_SCALE = 512.0  # mmcv 1.x Fp16OptimizerHook's default
 AMP_DTYPES = ('float16', 'bfloat16')
-
-
-class ConfigConflictError(ValueError):
-    """Two config entries set the same thing to different values."""
 
 
 def _type_name(value: Any) -> str:
@@ -57,32 +55,12 @@ def _optim_wrapper(cfg: Config, why: str) -> ConfigDict:
     return wrapper
 
 
-def _check_count(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f'{where} must be an integer >= 1, got {value!r}.')
-    return value
-
-
-def _canonical(value: Any) -> Any:
-    """A comparable form: dicts regardless of key order, clip type 'norm' explicit."""
-    if isinstance(value, dict):
-        value = dict(value)
-        if 'max_norm' in value:
-            value.setdefault('type', 'norm')
-        return tuple(sorted((k, _canonical(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_canonical(v) for v in value)
-    return value
+def _count(value: Any, where: str) -> int:
+    return positive_int(where, value)
 
 
 def _conflict(what: str, sources: List[Tuple[str, Any]]) -> None:
-    """Raise if the (place, value) pairs do not all agree."""
-    distinct = {_canonical(v) for _, v in sources}
-    if len(distinct) > 1:
-        listed = '; '.join(f'{place} = {value!r}' for place, value in sources)
-        raise ConfigConflictError(
-            f'conflicting {what}: {listed}. Set it in one place (or make the values '
-            'equal).')
+    merge(what, sources)
 
 
 # --------------------------------------------------------------- accumulation
@@ -121,7 +99,7 @@ def _pop_legacy_optimizer_config(cfg: Config) -> Tuple[Optional[int], Optional[d
     if 'cumulative_iters' in legacy and not accumulates:
         raise ValueError(f'optimizer_config: {kind} does not take cumulative_iters; '
                          f"use type='GradientCumulativeOptimizerHook'.")
-    count = _check_count(legacy.get('cumulative_iters', 1),
+    count = _count(legacy.get('cumulative_iters', 1),
                          'optimizer_config.cumulative_iters') if accumulates else None
     loss_scale = legacy.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE) if fp16 else None
     if 'loss_scale' in legacy and not fp16:
@@ -155,11 +133,11 @@ def translate_optimizer_config(cfg: Config) -> Config:
         sources.append(('optimizer_config.cumulative_iters', count))
     for hook in hooks:
         sources.append((f'custom_hooks {HOOK_TYPE}.cumulative_iters',
-                        _check_count(hook.get('cumulative_iters', 1),
+                        _count(hook.get('cumulative_iters', 1),
                                      f'{HOOK_TYPE}.cumulative_iters')))
     wrapper = cfg.get('optim_wrapper')
     if isinstance(wrapper, dict) and 'accumulative_counts' in wrapper:
-        sources.append(('optim_wrapper.accumulative_counts', _check_count(
+        sources.append(('optim_wrapper.accumulative_counts', _count(
             wrapper['accumulative_counts'], 'optim_wrapper.accumulative_counts')))
     derived = _scaling_accumulation(cfg) if sources else None
     if derived is not None:
@@ -198,7 +176,7 @@ def translate_optimizer_config(cfg: Config) -> Config:
 
 def _scaling_accumulation(cfg: Config) -> Optional[int]:
     """The accumulation the ``scaling`` recipe derived (or will derive), if any."""
-    record = cfg.get('scaling_plan')  # written by engine/scaling_recipe.py
+    record = cfg.get('scaling_plan')  # written by config/scaling_recipe.py
     if isinstance(record, dict) and isinstance(record.get('plan'), dict):
         return record['plan'].get('accumulation')
     scaling = cfg.get('scaling')

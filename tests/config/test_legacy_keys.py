@@ -13,8 +13,8 @@ from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.compat import amp_cpu
-from mmdet3d_scaling.engine.config_preparation import prepare_config
-from mmdet3d_scaling.engine.legacy_config import (ConfigConflictError,
+from mmdet3d_scaling.config.preparation import prepare_config
+from mmdet3d_scaling.config.legacy_keys import (ConfigConflictError,
                                                   translate_amp_config,
                                                   translate_optimizer_config)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import \

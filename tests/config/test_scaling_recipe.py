@@ -8,8 +8,8 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.engine.config_preparation import prepare_config
-from mmdet3d_scaling.engine.scaling_recipe import (ScalingPlan, apply_plan, format_plan,
+from mmdet3d_scaling.config.preparation import prepare_config
+from mmdet3d_scaling.config.scaling_recipe import (ScalingPlan, apply_plan, format_plan,
                                                    make_plan, plan_hint, recorded_plan)
 from tests.engine.parallel.dist_parts import toy_cfg
 

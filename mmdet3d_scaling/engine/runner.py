@@ -1,0 +1,173 @@
+"""``ScalingRunner``: mmengine's Runner with the plugin's config keys honoured.
+
+Select it with ``runner_type = 'ScalingRunner'`` (all configs of this repository do).
+It is the plugin's one entry point into mmengine:
+
+- :meth:`ScalingRunner.from_cfg` prepares the config once (legacy keys, ``scaling``
+  plan, AMP, distributed settings: :func:`mmdet3d_scaling.config.prepare_config`),
+  applies the patch sets the config selects (``patches = ['speed']``) and prints the
+  patches in effect;
+- :meth:`train` / :meth:`val` / :meth:`test` first check the data paths of the loaders
+  that command reads (:mod:`mmdet3d_scaling.config.preflight`);
+- the hooks that change the plan at run time (auto batch size, resume on another GPU
+  count) go through its methods (:meth:`rebuild_train_loop`, ...), so access to
+  mmengine's private Runner state lives in this one class.
+"""
+import copy
+from typing import Any, Dict, List
+
+from mmengine.config import Config
+from mmengine.hooks import CheckpointHook
+from mmengine.logging import print_log
+from mmengine.registry import RUNNERS
+from mmengine.runner import EpochBasedTrainLoop, IterBasedTrainLoop, Runner
+from mmengine.runner.base_loop import BaseLoop
+from mmengine.runner.loops import _InfiniteDataloaderIterator
+from mmengine.runner.utils import calc_dynamic_intervals
+
+from ..compat import patching
+from ..config import plugin_keys, prepare_config
+from ..config.preflight import check_data_paths
+from ..config.scaling_recipe import ScalingPlan, apply_plan, format_plan, recorded_plan
+from ..registry import check_replaced_types
+from .optim_state import reset_to_initial, scale_lr, set_accumulation
+
+
+def _select_patches(cfg: Config) -> List[str]:
+    """Apply ``cfg.patches`` (sets or names); return every patch now in effect."""
+    selection = cfg.get('patches') or []
+    if isinstance(selection, str):
+        selection = [selection]
+    if not isinstance(selection, (list, tuple)):
+        raise ValueError(f"patches must be a list of patch sets ({', '.join(patching.KINDS)})"
+                         f' or patch names, got {selection!r}')
+    patching.apply(selection)
+    return patching.applied()
+
+
+@RUNNERS.register_module()
+class ScalingRunner(Runner):
+    """mmengine ``Runner`` that understands the mmdet3d_scaling config keys.
+
+    Built like any Runner (``RUNNERS.build(cfg)`` with ``runner_type='ScalingRunner'``,
+    or ``ScalingRunner.from_cfg(cfg)``); the keys it adds are listed in
+    :data:`mmdet3d_scaling.config.PLUGIN_KEYS` and documented in ``docs/configs.md``.
+    """
+
+    @classmethod
+    def from_cfg(cls, cfg: Config) -> 'ScalingRunner':
+        cfg = copy.deepcopy(cfg)
+        check_replaced_types(cfg.to_dict())
+        found = plugin_keys(cfg)
+        in_effect = _select_patches(cfg)
+        prepare_config(cfg)
+        print_log(f"ScalingRunner: plugin keys in this config: {', '.join(found) or 'none'}"
+                  f"\npatches in effect:\n{patching.table(in_effect) if in_effect else '  none'}",
+                  logger='current')
+        return super().from_cfg(cfg)
+
+    # ------------------------------------------------------------------ commands
+    def _preflight(self, *loaders: str) -> None:
+        evaluators = [name.replace('dataloader', 'evaluator') for name in loaders
+                      if name != 'train_dataloader']
+        check_data_paths(self.cfg, loaders=loaders, evaluators=evaluators)
+
+    def train(self):
+        loaders = ['train_dataloader']
+        if self._val_dataloader is not None and self.cfg.get('val_cfg') is not None:
+            loaders.append('val_dataloader')
+        self._preflight(*loaders)
+        return super().train()
+
+    def val(self) -> Dict[str, Any]:
+        self._preflight('val_dataloader')
+        return super().val()
+
+    def test(self) -> Dict[str, Any]:
+        self._preflight('test_dataloader')
+        return super().test()
+
+    # --------------------------------------------------- changing the plan at run time
+    @property
+    def train_loop_built(self) -> bool:
+        """Whether ``train()`` built the train loop (``before_run`` of val/test: no)."""
+        return isinstance(self._train_loop, BaseLoop)
+
+    def apply_plan(self, plan: ScalingPlan, reason: str) -> None:
+        """Train with ``plan`` from now on (before any step ran).
+
+        The scaling recipe writes the plan into a copy of the config (batch,
+        accumulation, LR, iteration counts as optimizer steps); the parts of the runner
+        built from those values are replaced or updated: dataloader, loop length and
+        validation schedule, accumulation, LR, checkpoint interval, schedulers.
+        """
+        old = recorded_plan(self.cfg)
+        cfg = apply_plan(copy.deepcopy(self.cfg), plan)
+        if plan.per_gpu_batch != self.train_dataloader.batch_size:
+            self._rebuild_train_dataloader(plan.per_gpu_batch)
+        self._update_train_loop(cfg.get('train_cfg') or {})
+        set_accumulation(self.optim_wrapper, plan.accumulation)
+        for hook in self.hooks:  # the accumulation hook checks it against the wrapper's
+            if type(hook).__name__ == 'GradientCumulativeOptimizerHook':
+                hook.cumulative_iters = plan.accumulation
+        lr_ratio = plan.lr_scale / (old.lr_scale if old is not None else 1.0)
+        if lr_ratio != 1:
+            scale_lr(self.optim_wrapper, lr_ratio)
+        self._update_checkpoint_interval(cfg)
+        if self.param_schedulers is not None and cfg.get('param_scheduler') is not None:
+            reset_to_initial(self.optim_wrapper)
+            self.param_schedulers = self.build_param_scheduler(
+                copy.deepcopy(cfg.param_scheduler))
+        self.cfg = cfg  # checkpoints record the config in use
+        self.logger.info(f'{reason}:\n' + format_plan(plan))
+
+    def _rebuild_train_dataloader(self, batch_size: int) -> None:
+        loop = self.train_loop
+        loader_cfg = self._train_dataloader
+        if not isinstance(loader_cfg, dict):
+            raise TypeError('a new per-GPU batch needs train_dataloader as a config dict '
+                            f'to rebuild it, got a built {type(loader_cfg).__name__}.')
+        loader_cfg = copy.copy(loader_cfg)
+        dataset = loop.dataloader.dataset
+        if loader_cfg.get('num_batch_per_epoch') is not None:
+            dataset = getattr(dataset, '_dataset', dataset)  # it is sliced again
+        loader_cfg['dataset'] = dataset  # built once; only the loader changes
+        loader_cfg['batch_size'] = batch_size
+        diff_rank_seed = self._randomness_cfg.get('diff_rank_seed', False)
+        loop.dataloader = self.build_dataloader(
+            loader_cfg, seed=self.seed, diff_rank_seed=diff_rank_seed)
+        if isinstance(loop, IterBasedTrainLoop):
+            loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
+
+    def _update_train_loop(self, train_cfg: dict) -> None:
+        """Loop length and validation schedule for the new batch / accumulation."""
+        loop = self.train_loop
+        if isinstance(loop, EpochBasedTrainLoop):
+            loop._max_iters = loop.max_epochs * len(loop.dataloader)
+        elif isinstance(loop, IterBasedTrainLoop):
+            loop._max_iters = int(train_cfg.get('max_iters', loop.max_iters))
+        else:
+            raise TypeError(f'a new scaling plan needs EpochBasedTrainLoop or '
+                            f'IterBasedTrainLoop, not {type(loop).__name__}.')
+        loop.val_begin = train_cfg.get('val_begin', loop.val_begin)
+        loop.val_interval = train_cfg.get('val_interval', loop.val_interval)
+        loop.dynamic_milestones, loop.dynamic_intervals = calc_dynamic_intervals(
+            loop.val_interval, train_cfg.get('dynamic_intervals'))
+
+    def _update_checkpoint_interval(self, cfg: Config) -> None:
+        """An iteration-based checkpoint interval counts optimizer steps in the recipe."""
+        ckpt = (cfg.get('default_hooks') or {}).get('checkpoint')
+        if not isinstance(ckpt, dict) or 'interval' not in ckpt:
+            return
+        for hook in self.hooks:
+            if isinstance(hook, CheckpointHook):
+                hook.interval = ckpt['interval']
+
+
+def require_scaling_runner(runner: Any, who: str) -> ScalingRunner:
+    """``runner`` if it is a ScalingRunner, else a TypeError that says how to get one."""
+    if not isinstance(runner, ScalingRunner):
+        raise TypeError(f"{who} changes the scaling plan at run time, which needs "
+                        f"runner_type='ScalingRunner' (got {type(runner).__name__}); "
+                        "add it to the config.")
+    return runner

@@ -1,1 +1,0 @@
-"""utils of mmdet3d_scaling."""

@@ -1,0 +1,71 @@
+"""ScalingRunner: config keys prepared once, patch sets selected by the config and
+printed, scoped type names, run-time plan changes through its methods."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d_scaling import ScalingRunner
+from tests.toy import toy_runner_cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _cfg(tmp_path, **extra) -> Config:
+    cfg = Config(toy_runner_cfg(tmp_path, max_iters=2, runner_type='ScalingRunner'))
+    cfg.merge_from_dict(extra)
+    return cfg
+
+
+def test_registered_in_mmengine_and_mmdet3d_runners():
+    from mmdet3d.registry import RUNNERS as MMDET3D_RUNNERS
+    assert RUNNERS.get('ScalingRunner') is ScalingRunner
+    assert MMDET3D_RUNNERS.get('ScalingRunner') is ScalingRunner
+
+
+def test_speed_patches_only_when_the_config_selects_them(tmp_path):
+    """In a fresh process: import applies no speed patch; a config's `patches` does, and
+    the start of the run lists the patches in effect."""
+    code = f'''
+import json
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+import mmdet3d_scaling
+from mmdet3d_scaling.compat import patching
+from tests.toy import toy_runner_cfg
+before = patching.applied()
+cfg = Config(toy_runner_cfg({str(tmp_path)!r}, max_iters=2, runner_type='ScalingRunner',
+                            log_level='INFO', patches=['speed']))
+RUNNERS.build(cfg)
+print(json.dumps(dict(before=before, after=patching.applied())))
+'''
+    done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
+                          cwd=ROOT, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    from mmdet3d_scaling.compat import patching
+    speed = set(patching.resolve(['speed']))
+    assert not speed & set(result['before'])
+    assert speed <= set(result['after'])
+    logged = done.stdout + done.stderr
+    assert 'patches in effect:' in logged and 'roi_assign' in logged
+
+
+def test_a_bad_patch_selection_names_it(tmp_path):
+    with pytest.raises(ValueError, match="unknown patch or patch set 'fast'"):
+        RUNNERS.build(_cfg(tmp_path, patches=['fast']))
+    with pytest.raises(ValueError, match='patches must be a list'):
+        RUNNERS.build(_cfg(tmp_path, patches=dict(speed=True)))
+
+
+def test_auto_batch_size_needs_the_scaling_runner(tmp_path):
+    from mmdet3d_scaling.engine.runner import require_scaling_runner
+    from mmengine.runner import Runner
+    runner = Runner(**toy_runner_cfg(tmp_path, max_iters=2))
+    with pytest.raises(TypeError, match="runner_type='ScalingRunner'"):
+        require_scaling_runner(runner, 'AutoBatchSizeHook')
