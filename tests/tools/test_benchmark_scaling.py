@@ -3,17 +3,19 @@ PointPillars synthetic config on tiny synthetic KITTI data, 1 and 2 processes, w
 comm-off run for 2, then the merge step (scaling.json / scaling.md / scaling.png).
 
 One tool invocation (three spawned runs) serves every assertion on the measured
-figures; the merge arithmetic is also checked on hand-written per-rank records.
+figures; the merge arithmetic (mmdet3d_scaling.diagnostics.scaling_benchmark) is also
+checked on hand-written per-rank records.
 """
-import importlib.util
+import argparse
 import json
-import math
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from mmdet3d_scaling.diagnostics.scaling_benchmark import (benchmark, comparison, launch,
+                                                            outputs, summary, worker)
 from tests.auto_batch_size_common import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -23,13 +25,6 @@ LABEL = CONFIG.stem
 PNG_MAGIC = b'\x89PNG\r\n\x1a\n'
 WARMUP, ITERS = 1, 2
 TOTAL = 4  # effective batch (the config's 8, halved for time)
-
-
-def _load_tool():
-    spec = importlib.util.spec_from_file_location('benchmark_scaling', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def small_config_options(data_root: str) -> list:
@@ -179,36 +174,33 @@ def test_profile_runs_find_the_collectives(bench):
 
 
 def test_merge_arithmetic_on_given_records(tmp_path):
-    tool = _load_tool()
-
     def raw(world, seconds, samples, wait=0.1):
         return dict(world_size=world, accumulation=8 // (2 * world), per_gpu_batch=2,
                     dataset_len=100, device='test', ranks=[
                         dict(rank=r, seconds=s, iters=4, samples=samples, data_wait_s=wait,
                              peak_mem_mb=None) for r, s in enumerate(seconds)])
-    one = dict(tool.summarise(raw(1, [10.0], 40), None), label='m', config='m.py')
-    two = dict(tool.summarise(raw(2, [6.0, 5.0], 40), 200), label='m', config='m.py')
+    one = dict(summary.summarise(raw(1, [10.0], 40), None), label='m', config='m.py')
+    two = dict(summary.summarise(raw(2, [6.0, 5.0], 40), 200), label='m', config='m.py')
     assert one['samples_per_s'] == pytest.approx(4.0)
     assert two['samples_per_s'] == pytest.approx(80 / 6.0)  # slowest rank sets the pace
     assert two['epoch_s'] == pytest.approx(200 / (80 / 6.0))
     assert two['spread']['samples_per_s_min'] == pytest.approx(40 / 6.0)
-    tool.add_scaling([one, two])
+    summary.add_scaling([one, two])
     assert two['efficiency'] == pytest.approx((80 / 6.0) / (2 * 4.0))
     result = dict(config='m.py', command='x', rows=[one, two])
-    tool._write_outputs(result, str(tmp_path))
+    outputs.write_outputs(result, str(tmp_path))
     assert (tmp_path / 'scaling.png').read_bytes()[:8] == PNG_MAGIC
     assert f"| {two['efficiency']:.2f} |" in (tmp_path / 'scaling.md').read_text()
 
 
 def test_a_result_counts_only_with_every_rank(tmp_path):
     """A run that died while exiting still counts if all ranks wrote their figures."""
-    tool = _load_tool()
     path = tmp_path / 'result.json'
-    assert tool._read_result(str(path), 2) is None  # nothing written
+    assert launch.read_result(str(path), 2) is None  # nothing written
     path.write_text(json.dumps(dict(ranks=[dict(rank=0)])))
-    assert tool._read_result(str(path), 2) is None  # one of two ranks
+    assert launch.read_result(str(path), 2) is None  # one of two ranks
     path.write_text(json.dumps(dict(ranks=[dict(rank=0), dict(rank=1)])))
-    assert tool._read_result(str(path), 2)['ranks'][1]['rank'] == 1
+    assert launch.read_result(str(path), 2)['ranks'][1]['rank'] == 1
 
 
 def test_independent_runs_give_the_no_communication_ceiling(bench):
@@ -236,7 +228,7 @@ def test_independent_runs_give_the_no_communication_ceiling(bench):
     assert len(list(barrier.glob('ready-*'))) == 2
     windows = [r['ranks'][0]['window'] for r in raws]
     assert max(w[0] for w in windows) < min(w[1] for w in windows)
-    assert ind['overlap'] == pytest.approx(_load_tool().window_overlap(windows))
+    assert ind['overlap'] == pytest.approx(summary.window_overlap(windows))
     assert 0 < ind['overlap'] <= 1
     table = (out / 'scaling.md').read_text()
     assert '| windows overlap |' in table
@@ -245,47 +237,50 @@ def test_independent_runs_give_the_no_communication_ceiling(bench):
 
 
 def test_window_overlap_and_start_barrier(tmp_path):
-    tool = _load_tool()
-    assert tool.window_overlap([[0.0, 10.0], [2.0, 12.0]]) == pytest.approx(0.8)
-    assert tool.window_overlap([[0.0, 10.0], [1.0, 6.0]]) == pytest.approx(1.0)
-    assert tool.window_overlap([[0.0, 4.0], [5.0, 9.0]]) == 0.0  # one after the other
-    assert tool.window_overlap([[0.0, 4.0], []]) is None  # a run without a window
-    assert tool.window_overlap([[1.0, 1.0], [0.0, 4.0]]) is None  # an empty window
-    tool.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: returns at once
+    overlap = summary.window_overlap
+    assert overlap([[0.0, 10.0], [2.0, 12.0]]) == pytest.approx(0.8)
+    assert overlap([[0.0, 10.0], [1.0, 6.0]]) == pytest.approx(1.0)
+    assert overlap([[0.0, 4.0], [5.0, 9.0]]) == 0.0  # one after the other
+    assert overlap([[0.0, 4.0], []]) is None  # a run without a window
+    assert overlap([[1.0, 1.0], [0.0, 4.0]]) is None  # an empty window
+    worker.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: returns at once
     with pytest.raises(RuntimeError, match='2 independent runs.*only 1 did'):
-        tool.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
+        worker.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
 
 
 def test_independent_runs_stop_together_when_one_fails():
     """A run that fails stops its peers at once instead of leaving them at the start
     barrier until the time limit."""
-    tool = _load_tool()
     sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
     failing = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
-    tool._wait_together([sleeper, failing], timeout_s=120)
+    launch.wait_together([sleeper, failing], timeout_s=120)
     assert failing.returncode == 3
     assert sleeper.returncode is not None and sleeper.returncode != 0  # stopped
     late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
-    tool._wait_together([late], timeout_s=0.5)  # past the limit: stopped as well
+    launch.wait_together([late], timeout_s=0.5)  # past the limit: stopped as well
     assert late.returncode is not None
 
 
-def test_bad_arguments_are_clear_errors(tmp_path):
-    tool = _load_tool()
-    with pytest.raises(SystemExit):
-        tool.parse_args([str(CONFIG), '--nproc', '2', '--independent'])  # no 1-GPU run
-    with pytest.raises(SystemExit):
-        tool.parse_args([str(CONFIG), '--nproc', '0,2'])
-    with pytest.raises(SystemExit):
-        tool.parse_args([str(CONFIG), '--nnodes', '2'])  # no --master-port
-    args = tool.parse_args([str(CONFIG), '--nproc', '1', '--compare-stock', 'mmdet3d::nope.py',
-                            '--out', str(tmp_path)])
+def test_bad_arguments_are_clear_errors():
+    """Usage errors of the command line, all started at once (each a Python start)."""
+    bad = {  # arguments -> what the error says
+        ('--nproc', '2', '--independent'): '--independent compares N single-GPU runs',
+        ('--nproc', '0,2'): '--nproc must be a comma-separated list of positive ints',
+        ('--nnodes', '2'): '--nnodes > 1 needs --master-port',
+        ('--repeats', '0'): '--repeats must be >= 1',
+        ('--nproc', '2', '--ddp-one'): '--ddp-one runs the 1-process case a second time',
+    }
+    procs = {args: subprocess.Popen([sys.executable, str(TOOL), str(CONFIG), *args],
+                                    cwd=str(REPO), stdout=subprocess.PIPE,
+                                    stderr=subprocess.PIPE, text=True) for args in bad}
+    for args, proc in procs.items():
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 2 and bad[args] in err, (args, err)
     with pytest.raises(SystemExit, match="stock config 'mmdet3d::nope.py' not found"):
-        tool._resolve_stock(args.compare_stock)
-    args = tool.parse_args([str(CONFIG), '--devices', 'cpu', '--nproc', '1',
-                            '--compare-nproc', '2'])
+        comparison.resolve_stock('mmdet3d::nope.py')
+    args = argparse.Namespace(compare_nproc=2, nproc=[1])
     with pytest.raises(SystemExit, match='--compare-nproc 2 must be one of --nproc'):
-        tool._compare(args, [dict(world_size=1)])
+        comparison.compare_stock(args, [dict(world_size=1)])
 
 
 def test_four_process_gloo_smoke(tmp_path, data_root):
@@ -336,12 +331,11 @@ def test_stock_comparison_keeps_the_stock_batch(tmp_path, data_root):
 
 
 def test_stock_batch_must_divide_the_effective_batch():
-    tool = _load_tool()
-    assert tool.stock_accumulation(16, 2, 1) == 8
-    assert tool.stock_accumulation(16, 2, 2) == 4
+    assert comparison.stock_accumulation(16, 2, 1) == 8
+    assert comparison.stock_accumulation(16, 2, 2) == 4
     with pytest.raises(SystemExit, match='effective batch 8 is not a multiple of the '
                        "stock config's per-GPU batch 6 x 1"):
-        tool.stock_accumulation(8, 6, 1)
+        comparison.stock_accumulation(8, 6, 1)
 
 
 def test_warmup_iters_and_step_times(tmp_path, data_root):
@@ -374,16 +368,15 @@ def test_warmup_iters_and_step_times(tmp_path, data_root):
 
 def test_lockstep_bound_arithmetic():
     """E[max of N picks] from the empirical distribution, and the bound built on it."""
-    tool = _load_tool()
-    assert tool.expected_max([1.0, 3.0], 1) == pytest.approx(2.0)
-    assert tool.expected_max([1.0, 3.0], 2) == pytest.approx(1 * 0.25 + 3 * 0.75)
-    assert tool.expected_max([2.0] * 5, 8) == pytest.approx(2.0)
-    assert tool.lockstep_bound([1.0] * 7) is None  # too few times to say anything
-    even = tool.lockstep_bound([0.5] * 8)
+    assert summary.expected_max([1.0, 3.0], 1) == pytest.approx(2.0)
+    assert summary.expected_max([1.0, 3.0], 2) == pytest.approx(1 * 0.25 + 3 * 0.75)
+    assert summary.expected_max([2.0] * 5, 8) == pytest.approx(2.0)
+    assert summary.lockstep_bound([1.0] * 7) is None  # too few times to say anything
+    even = summary.lockstep_bound([0.5] * 8)
     assert all(v == pytest.approx(1.0) for v in even.values())
     times = [1.0] * 6 + [2.0] * 2  # a quarter of the micro-batches twice as long
     mean = 10 / 8
-    assert tool.lockstep_bound(times)['2'] == pytest.approx(
+    assert summary.lockstep_bound(times)['2'] == pytest.approx(
         mean / (1 * 0.75 ** 2 + 2 * (1 - 0.75 ** 2)))
 
 
@@ -417,16 +410,13 @@ def _raw_tagged(out: Path, n: int, round_number: int) -> dict:
 
 
 def test_median_row_and_round_order():
-    tool = _load_tool()
     runs = [dict(samples_per_s=v, step_s=16 / v, comm_step_s=c, world_size=2)
             for v, c in ((10.0, 0.3), (12.0, 0.1), (11.0, 0.2))]
-    row = tool.median_row(runs)
+    row = summary.median_row(runs)
     assert row['samples_per_s'] == 11.0 and row['repeats']['samples_per_s'] == [10, 12, 11]
     assert row['comm_step_s'] == 0.2 and row['comm_share'] == pytest.approx(0.2 / (16 / 11))
-    assert tool.round_order([1, 2, 4], 0) == [1, 2, 4]
-    assert tool.round_order([1, 2, 4], 1) == [4, 2, 1]
-    with pytest.raises(SystemExit):
-        tool.parse_args([str(CONFIG), '--repeats', '0'])
+    assert benchmark.round_order([1, 2, 4], 0) == [1, 2, 4]
+    assert benchmark.round_order([1, 2, 4], 1) == [4, 2, 1]
 
 
 def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
@@ -445,6 +435,3 @@ def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
     assert one['host'][0]['cpus_allowed'] >= 1
     table = (out / 'scaling.md').read_text()
     assert 'DDP world of one' in table and '| main thread (world of one) |' in table
-    tool = _load_tool()
-    with pytest.raises(SystemExit):
-        tool.parse_args([str(CONFIG), '--nproc', '2', '--ddp-one'])

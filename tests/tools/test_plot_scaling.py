@@ -1,24 +1,24 @@
 """tools/analysis/plot_scaling.py: one chart from benchmark_scaling results."""
-import importlib.util
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from mmdet3d_scaling.diagnostics.scaling_benchmark import load_rows
 
 REPO = Path(__file__).resolve().parents[2]
 TOOL = REPO / 'tools' / 'analysis' / 'plot_scaling.py'
 MEASURED = REPO / 'docs' / 'data' / 'scaling_h200_x2.json'
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location('plot_scaling', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_plots_the_measured_rows(tmp_path):
-    out = _tool().main([str(MEASURED), '--out', str(tmp_path / 'chart.png')])
+    out = tmp_path / 'chart.png'
+    proc = subprocess.run([sys.executable, str(TOOL), str(MEASURED), '--out', str(out)],
+                          cwd=str(REPO), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert f'wrote {out}' in proc.stdout
     assert out.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n'
 
 
@@ -26,4 +26,8 @@ def test_rows_without_figures_are_named(tmp_path):
     bad = tmp_path / 'bad.json'
     bad.write_text(json.dumps(dict(rows=[dict(label='x', world_size=1)])))
     with pytest.raises(SystemExit, match=r"row 0 lacks \['samples_per_s'\]"):
-        _tool().main([str(bad), '--out', str(tmp_path / 'c.png')])
+        load_rows([str(bad)])
+    empty = tmp_path / 'empty.json'
+    empty.write_text(json.dumps(dict(rows=[])))
+    with pytest.raises(SystemExit, match='no rows in'):
+        load_rows([str(empty)])

@@ -9,47 +9,25 @@ benchmark's own (samples/s against the linear line, scaling efficiency)::
         work_dirs/bench_b/scaling.json --out scaling.png --title "2 x H200"
 """
 import argparse
-import importlib.util
-import json
+import os.path as osp
+import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import List, Optional
 
-TOOL = Path(__file__).resolve().parents[1] / 'benchmark_scaling.py'
-REQUIRED = ('label', 'world_size', 'samples_per_s')
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
-
-def _benchmark_module():
-    spec = importlib.util.spec_from_file_location('benchmark_scaling', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from mmdet3d_scaling.diagnostics.scaling_benchmark import load_rows, plot  # noqa: E402
 
 
-def load_rows(paths: List[str]) -> List[Dict[str, Any]]:
-    rows = []
-    for path in paths:
-        with open(path) as f:
-            result = json.load(f)
-        for i, row in enumerate(result.get('rows') or []):
-            missing = [k for k in REQUIRED if k not in row]
-            if missing:
-                raise SystemExit(f'plot_scaling: {path} row {i} lacks {missing}; expected '
-                                 'the rows of a benchmark_scaling.py scaling.json.')
-            rows.append(row)
-    if not rows:
-        raise SystemExit(f'plot_scaling: no rows in {paths}')
-    return rows
-
-
-def main(argv=None) -> Path:
+def main(argv: Optional[List[str]] = None) -> Path:
+    """Parse the arguments, plot the rows; the PNG's path."""
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('results', nargs='+', help='scaling.json files')
     p.add_argument('--out', default='scaling.png')
     p.add_argument('--title', default=None)
     args = p.parse_args(argv)
     rows = load_rows(args.results)
-    _benchmark_module().plot(dict(config=args.title or ', '.join(args.results), rows=rows),
-                             args.out)
+    plot(dict(config=args.title or ', '.join(args.results), rows=rows), args.out)
     print(f'wrote {args.out}')
     return Path(args.out)
 
