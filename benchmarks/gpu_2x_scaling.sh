@@ -168,7 +168,7 @@ pv_rcnn_shims)
     tests/compat/test_stack_query_group.py tests/compat/test_roi_assign.py \
     tests/compat/test_anchor_targets.py tests/compat/test_iou_piecewise_sampler.py \
     tests/compat/test_foreground_seg_targets.py tests/compat/test_rcnn_bbox_targets.py \
-    tests/engine/test_profiling.py > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
+    tests/diagnostics/test_profiling.py > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
   CUDA_VISIBLE_DEVICES=0 timeout ${CENSUS_TIMEOUT:-150} python \
     tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
     --steps 2 --warmup 3 --launches --cuda-api --top 40 --out "$RES/gpu_census.json" \
@@ -196,7 +196,7 @@ recheck)
     --no-comm-run --cfg-options train_dataloader.num_workers=${WORKERS:-2}
   auto_batch_benchmark
   CUDA_VISIBLE_DEVICES=0 timeout 60 python -m pytest -q -p no:cacheprovider \
-    tests/engine/test_memory_probe.py 2>&1 | tail -1 | tee -a "$OUT/auto_batch_size.txt"
+    tests/batch_size/test_memory_probe.py 2>&1 | tail -1 | tee -a "$OUT/auto_batch_size.txt"
   ;;
 bevfusion)
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \

@@ -40,6 +40,9 @@ backend_args = None
 # ------------------------------------------------------------------------- scaling
 # Effective batch 32 whatever the GPU count; lr 1e-4 is the lr of batch 32.
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear')
+# the plugin's DDP wrapper (one all-reduce per accumulation window, 60 min collective
+# timeout for the rank-0 nuScenes evaluation): docs/scaling_guide.md
+distributed = dict(timeout_minutes=60)
 
 # --------------------------------------------------------------------------- model
 model = dict(

@@ -29,9 +29,11 @@ import numpy as np
 import torch
 from mmengine import dist
 from mmengine.logging import print_log
-from mmengine.optim import OptimWrapper, OptimWrapperDict
+from mmengine.optim import OptimWrapper
 from torch import nn
 
+from ..engine.optim_state import (count_state, optim_wrappers, restore_count_state,
+                                  step_every_call)
 from .memory_probe import MemoryProbe
 
 _OOM_MESSAGES = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED',
@@ -104,16 +106,6 @@ def _to_cpu(obj: Any) -> Any:
     return obj
 
 
-def optim_wrappers(optim_wrapper: OptimWrapper) -> List[OptimWrapper]:
-    """The plain optim wrappers inside ``optim_wrapper`` (one unless it is a dict)."""
-    if isinstance(optim_wrapper, OptimWrapperDict):
-        return list(optim_wrapper.optim_wrappers.values())
-    return [optim_wrapper]
-
-
-_COUNT_ATTRS = ('_inner_count', '_accumulative_counts', '_max_counts', '_remainder_counts')
-
-
 class TrainingState:
     """A CPU copy of what a trial changes: weights, buffers, optimizer, counters, RNG."""
 
@@ -123,8 +115,7 @@ class TrainingState:
         self.training = model.training
         self.model_state = _to_cpu(model.state_dict())
         self.optim_state = _to_cpu(optim_wrapper.state_dict())
-        self.counts = [{a: getattr(w, a) for a in _COUNT_ATTRS}
-                       for w in optim_wrappers(optim_wrapper)]
+        self.counts = [count_state(w) for w in optim_wrappers(optim_wrapper)]
         self.rng = dict(python=random.getstate(), numpy=np.random.get_state(),
                         torch=torch.get_rng_state(),
                         cuda=torch.cuda.get_rng_state_all()
@@ -136,8 +127,7 @@ class TrainingState:
         self.model.load_state_dict(self.model_state, strict=True)
         self.optim_wrapper.load_state_dict(self.optim_state)
         for wrapper, counts in zip(optim_wrappers(self.optim_wrapper), self.counts):
-            for name, value in counts.items():
-                setattr(wrapper, name, value)
+            restore_count_state(wrapper, counts)
         random.setstate(self.rng['python'])
         np.random.set_state(self.rng['numpy'])
         torch.set_rng_state(self.rng['torch'])
@@ -149,10 +139,7 @@ class TrainingState:
 @contextlib.contextmanager
 def one_step_per_call(optim_wrapper: OptimWrapper) -> Iterator[None]:
     """Every ``update_params`` steps the optimizer (no accumulation) inside the block."""
-    for wrapper in optim_wrappers(optim_wrapper):
-        wrapper._accumulative_counts = 1
-        wrapper._inner_count = 0
-        wrapper._max_counts = -1
+    step_every_call(optim_wrapper)
     yield  # TrainingState.restore puts the counters back
 
 

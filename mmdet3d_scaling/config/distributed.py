@@ -15,8 +15,11 @@
         detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
     )
 
-Single-process runs keep the bare model (mmengine reverts SyncBN there); the options
-are still validated so a typo fails on a laptop, not on the cluster.
+Only a config with a ``distributed`` key gets the plugin's wrapper
+(``ScalingDistributedDataParallel``) and its collective timeout (60 min unless set);
+without the key the config keeps mmengine's wrapper and timeout. Single-process runs
+keep the bare model (mmengine reverts SyncBN there); the options are still validated so
+a typo fails on a laptop, not on the cluster.
 """
 import os
 from typing import Any, Dict
@@ -126,8 +129,8 @@ def configure_distributed(cfg: Config) -> Config:
     options = dict(cfg.get('distributed') or {})
     validate_options(options)
     _configure_determinism(cfg)
-    if cfg.get('launcher', 'none') == 'none':
-        return cfg
+    if cfg.get('launcher', 'none') == 'none' or cfg.get('distributed') is None:
+        return cfg  # no `distributed` key: mmengine's wrapper and timeout, as configured
     _configure_timeout(cfg, options)
     kind = (cfg.get('model_wrapper_cfg') or {}).get('type')
     if kind not in _WRAPPER_TYPES:

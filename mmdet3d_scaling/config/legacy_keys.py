@@ -185,7 +185,7 @@ def _scaling_accumulation(cfg: Config) -> Optional[int]:
     if scaling.get('accumulation') is not None:
         return scaling['accumulation']
     # Not applied yet (this step runs first): derive it the way the recipe will.
-    from .launcher import world_size
+    from ..engine.launcher import world_size
     from .scaling_recipe import plan_from_config
     return plan_from_config(cfg, world_size(cfg.get('launcher', 'none'))).accumulation
 

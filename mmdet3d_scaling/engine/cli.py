@@ -111,8 +111,8 @@ def train_main(argv: Optional[List[str]] = None) -> Runner:
     cfg = load_config(args)
     if args.amp:
         _enable_amp(cfg)
-    if args.sync_bn != 'none':
-        cfg.sync_bn = args.sync_bn
+    if args.sync_bn != 'none':  # the plugin's wrapper converts it (also on a CPU)
+        cfg.merge_from_dict({'distributed.sync_bn': args.sync_bn})
     if args.auto_scale_lr:
         if 'base_batch_size' not in cfg.get('auto_scale_lr', {}):
             raise ValueError('--auto-scale-lr needs auto_scale_lr.base_batch_size in the '

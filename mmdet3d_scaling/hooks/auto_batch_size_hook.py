@@ -35,7 +35,7 @@ ADJUST_MODES = ('accumulation', 'lr')
 class AutoBatchSizeHook(Hook):
     """Search the largest per-GPU batch before training and keep the effective batch.
 
-    The search (:class:`~mmdet3d_scaling.engine.batch_size_finder.BatchSizeFinder`)
+    The search (:class:`~mmdet3d_scaling.batch_size.search.BatchSizeFinder`)
     trains a few real steps on batches of the dataset's largest samples, doubling then
     bisecting the batch, each trial with the device limited to ``1 - margin`` of its
     memory, so ``margin`` of device memory stays free. All ranks use the

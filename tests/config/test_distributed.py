@@ -14,8 +14,17 @@ def _prepared(tmp_path, launcher='pytorch', **extra) -> Config:
     return prepare_config(toy_cfg(str(tmp_path), launcher=launcher, **extra))
 
 
+def test_without_the_key_mmengine_wrapper_and_timeout_stay(tmp_path):
+    cfg = toy_cfg(str(tmp_path), launcher='pytorch')
+    cfg.env_cfg.dist_cfg.pop('timeout')
+    prepared = prepare_config(cfg)
+    assert prepared.get('model_wrapper_cfg') is None or (
+        prepared.model_wrapper_cfg.get('type') != 'ScalingDistributedDataParallel')
+    assert 'timeout' not in prepared.env_cfg.dist_cfg
+
+
 def test_distributed_run_gets_the_scaling_wrapper_with_defaults(tmp_path):
-    cfg = _prepared(tmp_path)
+    cfg = _prepared(tmp_path, distributed=dict())
     wrapper = cfg.model_wrapper_cfg
     assert wrapper.type == 'ScalingDistributedDataParallel'
     assert (wrapper.find_unused_parameters, wrapper.static_graph,
@@ -45,7 +54,7 @@ def test_bf16_compression_needs_nccl(tmp_path):
 
 
 def test_timeout_default_explicit_and_conflict(tmp_path):
-    cfg = toy_cfg(str(tmp_path), launcher='pytorch')
+    cfg = toy_cfg(str(tmp_path), launcher='pytorch', distributed=dict())
     cfg.env_cfg.dist_cfg.pop('timeout')
     assert prepare_config(cfg).env_cfg.dist_cfg.timeout == 3600
     cfg = toy_cfg(str(tmp_path), launcher='pytorch', distributed=dict(timeout_minutes=5))
@@ -57,7 +66,8 @@ def test_timeout_default_explicit_and_conflict(tmp_path):
 
 
 def test_top_level_keys_are_folded_in_and_conflicts_are_errors(tmp_path):
-    cfg = _prepared(tmp_path, find_unused_parameters=True, sync_bn='torch')
+    cfg = _prepared(tmp_path, find_unused_parameters=True, sync_bn='torch',
+                    distributed=dict())
     assert cfg.model_wrapper_cfg.find_unused_parameters is True
     assert cfg.model_wrapper_cfg.sync_bn == 'torch'
     assert 'sync_bn' not in cfg  # mmengine must not convert it a second time

@@ -55,6 +55,7 @@ def _run(work_dir, batch_size, max_iters, cumulative_iters=1, **extra):
     stop_at = extra.pop('stop_at', None)
     cfg = toy_runner_cfg(work_dir, max_iters=max_iters, batch_size=batch_size,
                          launcher='pytorch', default_scope='mmdet3d',
+                         runner_type='ScalingRunner',
                          randomness=dict(seed=0),
                          default_hooks=dict(checkpoint=dict(
                              type='CheckpointHook', interval=6, by_epoch=False)),

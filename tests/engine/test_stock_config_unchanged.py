@@ -35,8 +35,11 @@ def describe(runner):
 out = {}
 for i, path in enumerate(sys.argv[2:]):
     seen = {}
+    local = os.path.join(sys.argv[1], f'stock_{i}.py')  # fromfile takes mim paths in _base_
+    with open(local, 'w') as f:
+        f.write(f'_base_ = [{path!r}]\n')
     for route in ('handoff', 'upstream'):
-        cfg = Config.fromfile(path)
+        cfg = Config.fromfile(local)
         cfg.custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
         cfg.launcher = 'pytorch'
         cfg.work_dir = os.path.join(sys.argv[1], f'{i}_{route}')

@@ -75,10 +75,11 @@ def toy_cfg(work_dir: str, *, max_iters: int = 6, batch_size: int = 2,
             model: str = 'H4ToyRegressor', launcher: str = 'none', length: int = 16,
             checkpoint_interval: Optional[int] = None, record: Optional[str] = None,
             name: str = 'toy', **extra) -> Config:
-    """A Runner config (default_scope mmdet3d, iteration loop, MultiStepLR)."""
+    """A ScalingRunner config (default_scope mmdet3d, iteration loop, MultiStepLR)."""
     hooks = [dict(type='H4RecordHook', path=record)] if record else []
     cfg = dict(
         default_scope='mmdet3d',
+        runner_type='ScalingRunner',  # gloo / CPU-style DDP where there is no CUDA
         experiment_name=name,
         model=dict(type=model),
         work_dir=work_dir,

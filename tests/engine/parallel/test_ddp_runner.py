@@ -31,7 +31,8 @@ def _reference(work_dir: str, total: int, **kw) -> Runner:
 # ----------------------------------------------------------------- checks (spawned)
 def check_ddp_matches_reference(rank, world, out):
     runner = Runner.from_cfg(toy_cfg(osp.join(out, 'ddp'), launcher='pytorch',
-                                     scaling=dict(total_batch_size=4), name='ddp'))
+                                     scaling=dict(total_batch_size=4), name='ddp',
+                                     distributed=dict()))
     pg = torch.distributed.distributed_c10d._get_default_group()
     runner.train()
     return dict(params=params_of(runner.model), wrapper=type(runner.model).__name__,
@@ -81,9 +82,9 @@ def check_seeds_per_rank(rank, world, out):
 
 
 def check_sync_bn_from_the_config(rank, world, out):
-    # the CLI's --sync_bn torch sets the top-level key; without CUDA it becomes 'naive'
+    # what the CLI's --sync_bn torch sets; without CUDA it becomes 'naive'
     cfg = toy_cfg(osp.join(out, 'syncbn'), launcher='pytorch', name='syncbn',
-                  model='H4ToyWithBN', max_iters=2, sync_bn='torch')
+                  model='H4ToyWithBN', max_iters=2, distributed=dict(sync_bn='torch'))
     runner = Runner.from_cfg(cfg)
     runner.train()
     bn = runner.model.module.bn
