@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# One-H200 checks of the patch sets (docs/compat.md, docs/benchmarks.md), in stages that
+# each fit one device command (<= 10 min). From the checkout root, after
+# `source .device/setup.sh`; results go to $OUT.
+#   bash benchmarks/gpu_1x_checks.sh patches   # import snapshot + speed-patch CUDA tests +
+#                                              # KITTI eval on this numpy with / without the fix
+#   bash benchmarks/gpu_1x_checks.sh pv_rcnn   # PV-RCNN 1 GPU: speed set on vs off, same settings
+set -uo pipefail
+STAGE=${1:?stage: patches | pv_rcnn}
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
+python -c "import numpy, torch; print('numpy', numpy.__version__, '| torch', torch.__version__)" \
+  | tee -a "$OUT/gpu.txt"
+kitti() {  # kitti FRAMES
+  [ -f data/synthetic_kitti/kitti_infos_train.pkl ] || python tools/create_synthetic_data.py \
+    kitti --out data/synthetic_kitti --train-frames "$1" --val-frames 20 --no-progress \
+    2>&1 | tail -1
+}
+SPEED=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.compat import patching; \
+print(','.join(patching.resolve(['speed'])))" 2>/dev/null | tail -1)
+
+case $STAGE in
+patches)
+  kitti 200
+  # 1. what import changes on a CUDA machine (fixes only), the speed patches' CUDA tests
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/compat/test_import_snapshot.py \
+    tests/compat/test_patching.py tests/compat/test_grouping_backward.py \
+    tests/compat/test_rpn_proposal_nms.py tests/compat/test_stack_query_group.py \
+    tests/compat/test_roi_assign.py tests/compat/test_anchor_targets.py \
+    tests/compat/test_iou_piecewise_sampler.py tests/compat/test_foreground_seg_targets.py \
+    tests/compat/test_rcnn_bbox_targets.py tests/compat/test_max_iou_assigner.py \
+    tests/compat/test_pseudo_sampler.py tests/compat/test_instance_data_index.py \
+    > "$OUT/patch_tests.txt" 2>&1; tail -4 "$OUT/patch_tests.txt"
+  # 2. mmdet3d's KITTI evaluation (numba CUDA rotated IoU) on this numpy: the demo model's
+  #    test split, with the numpy fix and without it
+  for skip in "" numpy_removed_apis; do
+    echo "== KITTI eval, MMDET3D_SCALING_SKIP_PATCHES='$skip'"
+    MMDET3D_SCALING_SKIP_PATCHES=$skip timeout 200 python - <<'PY' 2>&1 | tail -4
+from mmengine.config import Config
+from mmengine.registry import RUNNERS
+import mmdet3d_scaling
+from mmdet3d_scaling.compat import patching
+cfg = Config.fromfile('configs/demo/pointpillars_synthetic_kitti_cpu.py')
+cfg.work_dir = 'work_dirs/kitti_eval_check'
+metrics = RUNNERS.build(cfg).test()
+print('applied fixes:', [n for n in patching.applied() if patching.PATCHES[n].kind == 'fixes'])
+print('KITTI eval ok:', len(metrics), 'metrics')
+PY
+  done 2>&1 | tee "$OUT/kitti_eval.txt"
+  ;;
+pv_rcnn)
+  kitti 200
+  # same config, batch, precision, workers, threads and warm-up; only the speed set differs
+  for run in "speed_on=" "speed_off=$SPEED"; do
+    MMDET3D_SCALING_SKIP_PATCHES=${run#*=} timeout ${PV_RCNN_TIMEOUT:-250} python \
+      tools/benchmark_scaling.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
+      --iters ${ITERS:-12} --warmup 1 --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+      --out "work_dirs/${run%%=*}" --cfg-options train_dataloader.num_workers=${WORKERS:-2} \
+      2>&1 | tail -6
+    cp "work_dirs/${run%%=*}/scaling.json" "$OUT/pv_rcnn_1gpu_${run%%=*}.json"
+  done 2>&1 | tee "$OUT/pv_rcnn_speed.txt"
+  ;;
+*) echo "unknown stage $STAGE"; exit 2 ;;
+esac
