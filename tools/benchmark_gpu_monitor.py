@@ -12,7 +12,11 @@ without the hook, alternating, ``--repeats`` times, and prints a table:
   times is shown too but is noisier than the overhead itself.
 
 Usage:
-    python tools/benchmark_gpu_monitor.py [--iters 300] [--repeats 3]
+    python tools/benchmark_gpu_monitor.py [--iters 300] [--repeats 3] [--json-out F]
+
+``--json-out`` names a new file: an existing one is refused before anything runs
+(exit status 2) unless ``--overwrite`` is given, so a saved result is never replaced
+silently.
 
 It trains on the GPU when torch sees one (CUDA_VISIBLE_DEVICES= forces the CPU).
 """
@@ -137,6 +141,14 @@ def run_once(args, monitor: bool, work_dir: str) -> Dict[str, float]:
                 hook_share=hook_s / iter_s if monitor else 0.0)
 
 
+def check_json_out(parser: argparse.ArgumentParser, path: Optional[Path],
+                   overwrite: bool) -> None:
+    """Refuse (before the minutes of measuring) a ``--json-out`` that exists."""
+    if path is not None and path.exists() and not overwrite:
+        parser.error(f'--json-out {str(path)!r} exists ({path.stat().st_size} bytes): pick '
+                     'a new file, or pass --overwrite to replace it')
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--iters', type=int, default=300, help='measured iterations')
@@ -149,8 +161,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument('--batch-size', type=int, default=64)
     parser.add_argument('--workers', type=int, default=0, help='dataloader workers')
     parser.add_argument('--json-out', type=Path, default=None,
-                        help='also write the rows and summary as JSON here')
+                        help='also write the rows and summary as JSON here (a new file)')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='replace an existing --json-out file')
     args = parser.parse_args(argv)
+    check_json_out(parser, args.json_out, args.overwrite)
     # mmengine's Runner trains on CUDA whenever torch sees a device.
     args.device = 'cuda' if torch.cuda.is_available() else 'cpu'
 

@@ -6,6 +6,9 @@
         --train-frames 120 --val-frames 40 --seed 0
 
 One subcommand per dataset format; each has its own ``add_<name>_parser`` below.
+Every subcommand refuses a non-empty ``--out`` (it may hold a real dataset) unless
+``--overwrite`` is given, and leaves a marker file (``.synthetic_<format>``) in the
+folder it writes; exit status 1 and the reason on stderr when it refuses.
 """
 import argparse
 import os.path as osp
@@ -21,12 +24,15 @@ def _common(parser: argparse.ArgumentParser, default_out: str) -> None:
     parser.add_argument('--val-frames', type=int, default=50, help='val split size')
     parser.add_argument('--seed', type=int, default=0, help='same seed -> same bytes')
     parser.add_argument('--no-progress', action='store_true', help='no progress bar')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='write into a non-empty --out (files of the same names are '
+                        'replaced); without it a non-empty --out is refused')
 
 
 def run_kitti(args: argparse.Namespace) -> dict:
     from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
     return write_kitti(args.out, args.train_frames, args.val_frames, seed=args.seed,
-                       progress=not args.no_progress)
+                       progress=not args.no_progress, overwrite=args.overwrite)
 
 
 def add_kitti_parser(subparsers) -> None:
@@ -71,8 +77,6 @@ def add_nuscenes_parser(subparsers) -> None:
                         '(default: the evaluation class ranges, 28-48 m)')
     parser.add_argument('--no-gt-database', action='store_true',
                         help='skip the ObjectSample database (nuscenes_dbinfos_train.pkl)')
-    parser.add_argument('--overwrite', action='store_true',
-                        help='write into a non-empty --out')
     parser.add_argument('--workers', type=int, default=1,
                         help='processes writing scenes in parallel (same output)')
     parser.set_defaults(func=run_nuscenes)
@@ -95,4 +99,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
 
 
 if __name__ == '__main__':
-    main()
+    try:
+        main()
+    except (FileExistsError, NotADirectoryError) as err:  # a refused --out: no traceback
+        sys.exit(f'create_synthetic_data.py: error: {err}')

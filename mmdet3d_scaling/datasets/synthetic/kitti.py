@@ -29,6 +29,7 @@ import numpy as np
 
 from .camera import box_to_2d, in_image_mask, render_image
 from .scene import KITTI_CLASSES, Area, Scene, SensorModel, points_in_box_mask, sample_scene
+from .target import check_target, write_marker
 
 __all__ = ['KittiSceneConfig', 'KittiCalib', 'write_kitti', 'KITTI_V2_CLASSES']
 
@@ -280,21 +281,29 @@ def write_frame(root: str, idx: int, seed: int, cfg: KittiSceneConfig,
 
 
 def write_kitti(out_dir: str, train_frames: int, val_frames: int, seed: int = 0,
-                cfg: KittiSceneConfig = KittiSceneConfig(), progress: bool = True) -> dict:
+                cfg: KittiSceneConfig = KittiSceneConfig(), progress: bool = True,
+                overwrite: bool = False) -> dict:
     """Write the whole dataset; returns counts of frames and objects per class.
 
     Args:
-        out_dir: dataset root (created; existing files of the same names are replaced).
+        out_dir: dataset root: absent or empty (created), or any folder with
+            ``overwrite``. The marker ``.synthetic_kitti`` is written first.
         train_frames: frames in the train split (ids 0 .. train_frames - 1).
         val_frames: frames in the val split (the ids after the train ones).
         seed: frame ``i`` uses ``np.random.default_rng([seed, i])``.
         cfg: scene content (see :class:`KittiSceneConfig`).
         progress: show a tqdm progress bar.
+        overwrite: write into a non-empty ``out_dir`` (files of the same names are
+            replaced). Defaults to False: a non-empty folder raises
+            :class:`~.target.TargetNotEmptyError` before anything is written.
     """
     from tqdm import tqdm
     if train_frames < 1 or val_frames < 1:
         raise ValueError(f'train_frames={train_frames} and val_frames={val_frames}: '
                          'both splits need at least one frame')
+    check_target(out_dir, 'kitti', overwrite)
+    write_marker(out_dir, 'kitti', dict(train_frames=train_frames, val_frames=val_frames,
+                                        seed=seed, cfg=repr(cfg)))
     calib = KittiCalib()
     for sub in ('velodyne', 'velodyne_reduced', 'image_2', 'calib', 'label_2', 'planes'):
         os.makedirs(osp.join(out_dir, 'training', sub), exist_ok=True)

@@ -40,6 +40,7 @@ from .nuscenes_sensors import (HDL32_ELEVATIONS_DEG, LIDAR_TRANSLATION, LIDAR_YA
                                matrix_quaternion, pose_matrix, render_camera,
                                yaw_matrix, yaw_quaternion)
 from .scene import SensorModel, SizePrior, clutter_size, points_in_box_mask, scan_boxes
+from .target import check_target, write_marker
 
 __all__ = ['NUSCENES_CLASSES', 'CLASS_COLORS', 'NuScenesSyntheticConfig', 'generate_nuscenes',
            'multi_sweep_points']
@@ -150,7 +151,9 @@ class NuScenesSyntheticConfig:
             car (at the time they are placed; a moving car drives away from them), e.g.
             to keep them inside a small model's point-cloud range. Defaults to None:
             the evaluation's class ranges.
-        overwrite: write into a non-empty ``out_dir``. Defaults to False.
+        overwrite: write into a non-empty ``out_dir`` (files of the same names are
+            replaced). Defaults to False: :meth:`validate` refuses a non-empty folder.
+            The marker ``.synthetic_nuscenes`` is written before any frame.
     """
     out_dir: str
     train_frames: int = 120
@@ -169,7 +172,8 @@ class NuScenesSyntheticConfig:
     overwrite: bool = False
 
     def validate(self) -> None:
-        """Raise ValueError naming the first bad value."""
+        """Raise ValueError naming the first bad value (TargetNotEmptyError for a
+        non-empty ``out_dir`` without ``overwrite``)."""
         if self.version not in ('v1.0-trainval', 'v1.0-mini'):
             raise ValueError(f'version={self.version!r}: use v1.0-trainval or v1.0-mini')
         for name in ('train_frames', 'val_frames', 'samples_per_scene'):
@@ -187,9 +191,7 @@ class NuScenesSyntheticConfig:
         if self.objects_per_sample < 1 or self.clutter_per_sample < 0:
             raise ValueError('objects_per_sample must be >= 1 and clutter_per_sample >= 0, '
                              f'got {self.objects_per_sample}, {self.clutter_per_sample}')
-        if osp.isdir(self.out_dir) and os.listdir(self.out_dir) and not self.overwrite:
-            raise FileExistsError(f'{self.out_dir} is not empty: pick a new --out or pass '
-                                  '--overwrite')
+        check_target(self.out_dir, 'nuscenes', self.overwrite)
 
 
 # ------------------------------------------------------------------------- the world
@@ -813,7 +815,8 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
     start = time.perf_counter()
     if workers < 1:
         raise ValueError(f'workers={workers}: must be >= 1')
-    os.makedirs(cfg.out_dir, exist_ok=True)
+    write_marker(cfg.out_dir, 'nuscenes',
+                 {k: v for k, v in vars(cfg).items() if k not in ('out_dir', 'overwrite')})
     jobs = []
     for split, n in (('train', cfg.train_frames), ('val', cfg.val_frames)):
         first_idx = 0
