@@ -17,7 +17,8 @@ iteration counts so they keep meaning *optimizer steps*. Conventions (documented
 ``docs/scaling_guide.md``):
 
 - iteration counts in the config (``train_cfg.max_iters``, ``val_interval``,
-  ``val_begin``, ``dynamic_intervals``, an iteration-based checkpoint ``interval`` and,
+  ``val_begin``, ``dynamic_intervals``, an iteration-based checkpoint ``interval`` and
+  ``save_begin`` (so that checkpoints land on window ends) and,
   when parameter schedulers step once per loop iteration as in stock mmengine, their
   ``begin``/``end``/``T_max``/...) count optimizer steps; the loop counts micro-batches,
   so they are multiplied by the accumulation;
@@ -248,6 +249,8 @@ def _is_lr_scheduler(sched: dict) -> bool:
 
 
 ABSOLUTE_LR_FIELDS = ('eta_min', 'eta_max', 'min_value')
+#: CheckpointHook arguments that count loop iterations when it saves by iteration
+CHECKPOINT_STEP_FIELDS = ('interval', 'save_begin')
 STEP_COUNT_FIELDS = ('begin', 'end', 'T_max', 'step_size', 'milestones', 'total_steps',
                      'periods')
 
@@ -287,8 +290,11 @@ def _iteration_targets(cfg: Config) -> List[Path]:
         paths += [('train_cfg', k) for k in ('max_iters', 'val_begin', 'val_interval',
                                              'dynamic_intervals') if k in train_cfg]
     ckpt = (cfg.get('default_hooks') or {}).get('checkpoint')
-    if isinstance(ckpt, dict) and ckpt.get('by_epoch') is False and 'interval' in ckpt:
-        paths.append(('default_hooks', 'checkpoint', 'interval'))
+    if isinstance(ckpt, dict) and ckpt.get('by_epoch') is False:
+        # both, or a checkpoint lands inside an accumulation window (save_begin=5
+        # optimizer steps with interval 2 x accumulation saves at odd micro-steps)
+        paths += [('default_hooks', 'checkpoint', k) for k in CHECKPOINT_STEP_FIELDS
+                  if k in ckpt]
     if scheduler_unit(cfg) == 'iteration':
         for path in _scheduler_paths(cfg):
             sched = _get(cfg, path)
@@ -457,8 +463,24 @@ def apply_scaling_recipe(cfg: Config, world_size: int) -> Config:
     return cfg
 
 
+def _hook_type(hook: Any) -> Optional[str]:
+    kind = hook.get('type') if isinstance(hook, dict) else type(hook).__name__
+    return kind.split('.')[-1] if isinstance(kind, str) else getattr(kind, '__name__', None)
+
+
+#: hooks that save an unfinished accumulation window's gradients in checkpoints
+WINDOW_CHECKPOINT_HOOKS = ('AccumulationCheckpointHook', 'GradientCumulativeOptimizerHook')
+
+
 def _add_plan_hook(cfg: Config) -> None:
+    """The plan hook (plan in checkpoints, conversion on resume) and the hook that puts
+    an unfinished window's gradients into a checkpoint (a checkpoint can still land
+    inside a window: an interval that is not a multiple, ``save_last``, a plan raised
+    at run time by the auto batch size search)."""
     hooks = list(cfg.get('custom_hooks') or [])
-    if not any(isinstance(h, dict) and h.get('type') == 'ScalingPlanHook' for h in hooks):
+    types = {_hook_type(h) for h in hooks}
+    if 'ScalingPlanHook' not in types:
         hooks.append(ConfigDict(type='ScalingPlanHook'))
+    if not types & set(WINDOW_CHECKPOINT_HOOKS):
+        hooks.append(ConfigDict(type='AccumulationCheckpointHook'))
     cfg.custom_hooks = hooks
