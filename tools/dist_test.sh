@@ -1,17 +1,27 @@
 #!/usr/bin/env bash
-# Distributed testing with torchrun:  bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [test.py args]
-# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT (same on every node).
+# Distributed testing with torchrun, one process per GPU (gloo on a machine without one).
 set -euo pipefail
+USAGE="usage: bash tools/dist_test.sh CONFIG CHECKPOINT GPUS [tools/test.py options]
+  CONFIG  config file; CHECKPOINT  checkpoint file; GPUS  processes (GPUs) on this node
+  one node: torchrun picks a free rendezvous port itself (set PORT to choose one)
+  several nodes: NNODES=N NODE_RANK=I MASTER_ADDR=HOST PORT=P on every node
+  PYTHON: the interpreter (default: python)"
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/_dist_common.sh"
+check_positional CONFIG "${1:-}"
+check_positional CHECKPOINT "${2:-}"
+check_positional GPUS "${3:-}"
 CONFIG=$1
 CHECKPOINT=$2
 GPUS=$3
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-HERE=$(cd "$(dirname "$0")" && pwd)
-source "$HERE/_free_port.sh"
+check_config "$CONFIG"
+case "$CHECKPOINT" in
+  http://*|https://*) ;;
+  *) [ -f "$CHECKPOINT" ] || die "checkpoint file '$CHECKPOINT' does not exist" ;;
+esac
+check_gpus "$GPUS"
+set_rendezvous
 PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" \
-exec ${PYTHON:-python} -m torch.distributed.run \
-  --nnodes="$NNODES" --node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" \
-  --nproc_per_node="$GPUS" --master_port="$PORT" \
+exec "${PYTHON:-python}" -m torch.distributed.run "${RDZV_ARGS[@]}" \
+  --nproc_per_node="$GPUS" \
   "$HERE/test.py" "$CONFIG" "$CHECKPOINT" --launcher pytorch "${@:4}"

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
-# Distributed training with torchrun:  bash tools/dist_train.sh CONFIG GPUS [train.py args]
-# Multi-node: NNODES, NODE_RANK, MASTER_ADDR, PORT (same on every node).
+# Distributed training with torchrun, one process per GPU (gloo on a machine without one).
 set -euo pipefail
+USAGE="usage: bash tools/dist_train.sh CONFIG GPUS [tools/train.py options]
+  CONFIG  config file; GPUS  processes (GPUs) on this node, a positive integer
+  one node: torchrun picks a free rendezvous port itself (set PORT to choose one)
+  several nodes: NNODES=N NODE_RANK=I MASTER_ADDR=HOST PORT=P on every node
+  PYTHON: the interpreter (default: python)"
+HERE=$(cd "$(dirname "$0")" && pwd)
+source "$HERE/_dist_common.sh"
+check_positional CONFIG "${1:-}"
+check_positional GPUS "${2:-}"
 CONFIG=$1
 GPUS=$2
-NNODES=${NNODES:-1}
-NODE_RANK=${NODE_RANK:-0}
-MASTER_ADDR=${MASTER_ADDR:-127.0.0.1}
-HERE=$(cd "$(dirname "$0")" && pwd)
-source "$HERE/_free_port.sh"
+check_config "$CONFIG"
+check_gpus "$GPUS"
+set_rendezvous
 PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" \
-exec ${PYTHON:-python} -m torch.distributed.run \
-  --nnodes="$NNODES" --node_rank="$NODE_RANK" --master_addr="$MASTER_ADDR" \
-  --nproc_per_node="$GPUS" --master_port="$PORT" \
+exec "${PYTHON:-python}" -m torch.distributed.run "${RDZV_ARGS[@]}" \
+  --nproc_per_node="$GPUS" \
   "$HERE/train.py" "$CONFIG" --launcher pytorch "${@:3}"

@@ -134,20 +134,52 @@ def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
             ) from err
 
 
+def _node_local_rank(rank: int) -> int:
+    """This process's rank on its node, from the launcher's variables.
+
+    torchrun and mmengine's Slurm setup set ``LOCAL_RANK``; Open MPI sets
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, Slurm ``SLURM_LOCALID``. Without any of them the
+    global rank stands in (one node).
+    """
+    for key in ('LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'SLURM_LOCALID'):
+        if key in os.environ:
+            return int(os.environ[key])
+    return rank
+
+
 def _load_from_http(filename: str, map_location: Any = None,
                     model_dir: Optional[str] = None) -> Any:
-    """Download once per node (local rank 0 first), then load through the allow-list."""
+    """Download once per node (its local rank 0), then load through the allow-list.
+
+    Every node has its own cache (``$TORCH_HOME/checkpoints`` is usually node-local), so
+    local rank 0 of each node downloads, not global rank 0 alone; the others wait for it.
+    A failed download is reported on every rank (instead of leaving the others waiting
+    at a barrier, or failing later with a FileNotFoundError for the cached file).
+    """
     from mmengine.dist import get_dist_info
     from torch.hub import download_url_to_file, get_dir
 
     cache_dir = model_dir or osp.join(get_dir(), 'checkpoints')
     cached = osp.join(cache_dir, osp.basename(filename.split('?')[0]))
     rank, world_size = get_dist_info()
-    if rank == 0 and not osp.isfile(cached):
-        os.makedirs(cache_dir, exist_ok=True)
-        download_url_to_file(filename, cached, progress=False)
-    if world_size > 1:
-        torch.distributed.barrier()
+    error = None
+    if _node_local_rank(rank) == 0 and not osp.isfile(cached):
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            download_url_to_file(filename, cached, progress=False)
+        except Exception as err:  # noqa: BLE001  (reported on every rank below)
+            error = f'rank {rank}: {type(err).__name__}: {err}'
+    if world_size > 1:  # also the barrier: every node's download is done after it
+        errors = [None] * world_size
+        torch.distributed.all_gather_object(errors, error)
+        error = next((e for e in errors if e is not None), None)
+    if error is not None:
+        raise RuntimeError(f'downloading checkpoint {filename} to {cached} failed ({error})')
+    if not osp.isfile(cached):
+        raise FileNotFoundError(
+            f'checkpoint {filename} is not in this node\'s cache {cached} after the '
+            'download: LOCAL_RANK does not say which process downloads on this node; set '
+            'it (torchrun does), or download the file and give its path.')
     return load_checkpoint_file(cached, map_location)
 
 

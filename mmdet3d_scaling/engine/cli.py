@@ -2,7 +2,13 @@
 
 The same flags as mmdet3d 1.4's tools (so scripts written for them keep working), plus:
 
-- ``--launcher auto``: detect torchrun / Slurm / MPI from the environment;
+- ``--launcher auto``: detect torchrun / Slurm (an ``srun`` step) / MPI from the
+  environment;
+- launch checks (:func:`mmdet3d_scaling.engine.launcher.check_launch`): no ``--launcher``
+  under torchrun / srun / mpirun stops (the processes would train apart in one work
+  dir); an explicit launcher without its variables stops, naming them;
+- one training run per work dir (:mod:`mmdet3d_scaling.engine.work_dir_lock`): rank 0
+  takes the work dir's lock before the runner is built;
 - ``--trust-checkpoint PATH``: allow full unpickling of that one checkpoint file;
 - ``--seed`` / ``--deterministic`` (train): ``randomness`` settings, seeded per rank.
 """
@@ -19,7 +25,8 @@ from mmengine.runner import Runner
 
 from ..compat.checkpoint import trust_checkpoints
 from .launcher import CHOICES as LAUNCHER_CHOICES
-from .launcher import resolve_launcher, shutdown_distributed
+from .launcher import check_launch, launch_rank, resolve_launcher, shutdown_distributed
+from .work_dir_lock import locked_work_dir
 
 
 def _common_args(parser: argparse.ArgumentParser) -> None:
@@ -74,12 +81,14 @@ def load_config(args: argparse.Namespace) -> Config:
     """Config file + CLI overrides + work dir + launcher, as mmdet3d's tools do."""
     if not osp.isfile(args.config):
         raise FileNotFoundError(f'config file {args.config} does not exist')
+    launcher = resolve_launcher(args.launcher)
+    check_launch(args.launcher, launcher)  # before LOCAL_RANK below fakes a variable
     if 'LOCAL_RANK' not in os.environ:
         os.environ['LOCAL_RANK'] = str(args.local_rank)
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    cfg.launcher = resolve_launcher(args.launcher)
+    cfg.launcher = launcher
     if args.work_dir is not None:
         cfg.work_dir = args.work_dir
     elif cfg.get('work_dir') is None:
@@ -129,9 +138,16 @@ def train_main(argv: Optional[List[str]] = None) -> Runner:
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
         cfg.resume, cfg.load_from = True, args.resume
-    runner = _build_runner(cfg)
-    runner.train()
-    shutdown_distributed(runner)
+    # Rank 0 holds the work dir from before the runner is built (which already writes
+    # the config dump and logs there) to the end; ScalingRunner.train() re-enters it.
+    lock = locked_work_dir(cfg.work_dir, launch_rank(cfg.launcher))
+    try:
+        runner = _build_runner(cfg)
+        runner.train()
+        shutdown_distributed(runner)
+    finally:
+        if lock is not None:
+            lock.release()
     return runner
 
 
