@@ -9,6 +9,7 @@ print(c.patching.table())"`` lists them; ``docs/compat.md`` explains each one.
 |------------------------|-------|--------------------------------------------------------|
 | checkpoint             | fixes | mmengine's local / http(s) checkpoint loaders          |
 | point_loading          | fixes | mmdet3d's ``LoadPoints*._load_points``                 |
+| info_files             | fixes | info-file ``load`` of datasets, metrics, db sampler    |
 | nuscenes_metric        | fixes | ``NuScenesMetric._evaluate_single``                    |
 | numpy_removed_apis     | fixes | numpy >= 2.5 removals used by mmdet3d's KITTI eval     |
 | runner_handoff         | fixes | ``Runner.from_cfg`` (configs with plugin keys)         |
@@ -29,6 +30,7 @@ mmcv_ops.check()  # first: the patch modules import mmdet3d, which needs the ops
 from . import patching  # noqa: E402
 # fixes
 from . import checkpoint, point_loading, nuscenes_metric, numpy_removed_apis  # noqa: E402,F401,E501
+from . import info_files  # noqa: E402,F401
 from . import runner_handoff  # noqa: E402,F401
 # cpu
 from . import spconv_cpu, amp_cpu, dist_cpu, kitti_eval_cpu, point_ops_cpu  # noqa: E402,F401,E501

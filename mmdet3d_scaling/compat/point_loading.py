@@ -1,14 +1,16 @@
-"""mmdet3d 1.4.0: name the file when a point cloud is corrupt.
+"""mmdet3d 1.4.0: name the file when a point cloud is corrupt or empty.
 
 ``LoadPointsFromFile`` and ``LoadPointsFromMultiSweeps`` read a ``.bin`` file as float32
 and ``reshape(-1, load_dim)``. A truncated or wrong-format file fails deep in a data
 loader worker with numpy's "cannot reshape array of size N", naming neither the file
-nor the expected point dimension. The shim wraps their ``_load_points`` to check the
-size and raise :class:`CorruptPointCloudError` that says both.
+nor the expected point dimension; a zero-byte file (an interrupted copy) reshapes
+fine to zero points and trains silently on a frame without data. The shim wraps their
+``_load_points`` to check the size and raise :class:`CorruptPointCloudError` (or its
+subclass :class:`EmptyPointCloudError`) naming the file and the fix.
 """
 import functools
-from typing import List
 import os
+from typing import List
 
 import numpy as np
 
@@ -21,8 +23,20 @@ class CorruptPointCloudError(ValueError):
     """A point-cloud file whose size is not a multiple of the point dimension."""
 
 
+class EmptyPointCloudError(CorruptPointCloudError):
+    """A point-cloud file without a single point (zero bytes)."""
+
+
 def check_point_count(points: np.ndarray, load_dim: int, filename: str) -> None:
-    """Raise a clear error if ``points`` (flat float32) can't be ``load_dim`` columns."""
+    """Raise a clear error if ``points`` (flat float32) is empty or can't be
+    ``load_dim`` columns."""
+    if points.size == 0:
+        raise EmptyPointCloudError(
+            f'point cloud {filename} is empty (0 points): an interrupted copy or '
+            'download leaves such files, and training on them would silently see a frame '
+            'without points. Copy the file again (or regenerate synthetic data with '
+            '`python tools/create_synthetic_data.py ... --overwrite`), or remove the frame '
+            'from the info file.')
     if points.size % load_dim:
         size = os.path.getsize(filename) if os.path.isfile(filename) else points.nbytes
         raise CorruptPointCloudError(
@@ -59,4 +73,4 @@ PATCH = declare(Patch(
              'mmdet3d.datasets.transforms.loading.LoadPointsFromMultiSweeps._load_points'),
     upstream=UPSTREAM, changes=_changes,
     why='a truncated point file fails with numpy reshape, naming neither file nor '
-        'point dimension: an error that names both'))
+        'point dimension, and a zero-byte one trains silently: errors that name the file'))
