@@ -383,7 +383,7 @@ def run_worker(spec_path: str) -> None:
     from mmengine.config import Config
     from mmengine.runner import Runner
     if spec['plugin']:
-        import mmdet3d_scaling  # noqa: F401  (wraps Runner.from_cfg with prepare_config)
+        import mmdet3d_scaling  # noqa: F401  (shims, registries, Runner.from_cfg wrapped)
         cfg = Config.fromfile(spec['config'])
         if spec.get('gpu_monitor', True):
             hooks = list(cfg.get('custom_hooks') or [])
