@@ -22,7 +22,7 @@ from .scaling_recipe import apply_scaling_recipe
 #: top-level keys that only this plugin reads (mmengine ignores them)
 PLUGIN_KEYS = ('scaling', 'optimizer_config', 'fp16', 'amp', 'distributed',
                'auto_batch_size', 'patches', 'trusted_checkpoints',
-               'float32_matmul_precision', 'preflight')
+               'float32_matmul_precision', 'preflight', 'resume_strict')
 _OUR_WRAPPER = 'ScalingDistributedDataParallel'
 
 
