@@ -143,57 +143,6 @@ class ScalingRunner(Runner):
         return checkpoint
     # ------------------------------------------------- end checkpoint matching
 
-    # ------------------------------------- checkpoint matching (issue 19, resume_strict)
-    # --resume and evaluation refuse a checkpoint that does not fit the model unless
-    # resume_strict=False; load_from for training (fine-tuning) loads leniently and logs
-    # a summary. See engine/checkpoint_match.py and docs/scaling_guide.md.
-    _checkpoint_purpose = None  # set by load_or_resume for the load it starts
-
-    def load_or_resume(self) -> None:
-        """mmengine's ``load_or_resume`` with the checkpoint checked against the model:
-        resume (``--resume``) and evaluation (``val()``/``test()`` with ``load_from``)
-        refuse a mismatch unless ``resume_strict=False``; fine-tuning logs a summary."""
-        if self._has_loaded or (not self._resume and self._load_from is None):
-            return super().load_or_resume()
-        self._checkpoint_purpose = ('resume' if self._resume else
-                                    'finetune' if self.train_loop_built else 'evaluate')
-        try:
-            super().load_or_resume()
-        finally:
-            self._checkpoint_purpose = None
-
-    def load_checkpoint(self, filename: str, map_location: Any = 'cpu',
-                        strict: bool = False,
-                        revise_keys: list = [(r'^module.', '')]) -> dict:  # noqa: B006
-        """``Runner.load_checkpoint``, comparing the weights with the model first when
-        called from :meth:`load_or_resume` (direct calls behave as in mmengine)."""
-        purpose = self._checkpoint_purpose
-        if purpose is None:
-            return super().load_checkpoint(filename, map_location, strict, revise_keys)
-        from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
-        from . import checkpoint_match as match
-        strict_keys = match.strict_setting(self.cfg)
-        checkpoint = _load_checkpoint(filename, map_location=map_location)
-        report = match.compare(self.model, match.checkpoint_weights(checkpoint,
-                                                                    revise_keys))
-        model_name = type(match.bare_model(self.model)).__name__
-        if purpose == 'finetune' or report.matches:
-            if purpose == 'finetune':
-                self.logger.log(logging.INFO if report.matches else logging.WARNING,
-                                match.summary(report, filename))
-        elif strict_keys:
-            raise RuntimeError(match.refusal(report, filename, purpose, model_name))
-        else:
-            self.logger.warning(f'{match.STRICT_KEY}=False: loading {filename!r} into '
-                                f'{model_name} anyway: {report.counts()}.')
-        self.call_hook('after_load_checkpoint', checkpoint=checkpoint)
-        checkpoint = _load_checkpoint_to_model(match.bare_model(self.model), checkpoint,
-                                               strict, revise_keys=revise_keys)
-        self._has_loaded = True
-        self.logger.info(f'Load checkpoint from {filename}')
-        return checkpoint
-    # ------------------------------------------------- end checkpoint matching
-
     # --------------------------------------------------- changing the plan at run time
     @property
     def train_loop_built(self) -> bool:
