@@ -144,8 +144,11 @@ def _set(owner: Any, key: str, value: Any) -> None:
         setattr(owner, key, value)
 
 
-def _applicable(patch: Patch) -> bool:
-    if patch.kind == 'cpu' and cuda_available():
+def _applicable(patch: Patch, named: bool = False) -> bool:
+    """Whether ``patch`` applies here: a ``cpu`` patch selected through its set is
+    skipped where CUDA is available (named on its own, it applies: its twins serve CPU
+    tensors and pass CUDA tensors through), and any patch whose library is absent."""
+    if patch.kind == 'cpu' and cuda_available() and not named:
         return False
     return patch.needed()
 
@@ -153,15 +156,18 @@ def _applicable(patch: Patch) -> bool:
 def apply(selection: Iterable[str]) -> List[str]:
     """Apply the selected sets / patches not yet applied; return the names applied now.
 
-    A ``cpu`` patch is skipped where CUDA is available, a patch whose ``needed()`` is
-    false (its library is absent) is skipped, and so is one named in
-    ``$MMDET3D_SCALING_SKIP_PATCHES``.
+    Skipped: a ``cpu`` patch selected through the ``cpu`` set where CUDA is available, a
+    patch whose ``needed()`` is false (its library is absent, the upstream defect is not
+    there), and one named in ``$MMDET3D_SCALING_SKIP_PATCHES``.
     """
+    if isinstance(selection, str):
+        selection = [selection]
+    selection = list(selection)
     skip = set(skipped())
     done = []
     for name in resolve(selection):
         patch = PATCHES[name]
-        if name in _applied or name in skip or not _applicable(patch):
+        if name in _applied or name in skip or not _applicable(patch, name in selection):
             continue
         record = []
         for change in patch.changes():

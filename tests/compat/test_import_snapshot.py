@@ -79,8 +79,9 @@ def key_of(owner, attr):
 declared = sorted({{key_of(o, k) for recs in patching._applied.values() for o, k, _, _ in recs}})
 print(json.dumps(dict(changed=changed, fake_modules=fake_modules, declared=declared,
                       applied=patching.applied(),
-                      expected=[n for n in patching.resolve(patching.default_selection())
-                                if patching._applicable(patching.PATCHES[n])])))
+                      default=patching.resolve(patching.default_selection()),
+                      not_needed=[n for n in patching.PATCHES
+                                  if not patching._applicable(patching.PATCHES[n])])))
 '''
 
 
@@ -99,7 +100,10 @@ def test_import_changes_only_the_declared_default_patches():
     assert undeclared == [], f'changed by import but not by a declared patch: {undeclared}'
     stand_ins = [n for n in result['fake_modules'] if ('sys.modules', n) not in declared]
     assert stand_ins == [], f'modules faked in sys.modules without a patch: {stand_ins}'
-    assert result['applied'] == result['expected']
+    # the default sets, less a patch whose upstream defect is absent here (numpy with
+    # row_stack: `needed()` is read after the import, when an applied fix made it so)
+    assert set(result['applied']) <= set(result['default'])
+    assert set(result['default']) - set(result['applied']) <= set(result['not_needed'])
     kinds = _run('import mmdet3d_scaling, json; from mmdet3d_scaling.compat import patching;'
                  'print(json.dumps(sorted({patching.PATCHES[n].kind '
                  'for n in patching.applied()})))')
