@@ -99,6 +99,27 @@ def test_iteration_counts_mean_optimizer_steps(tmp_path):
     assert cfg.param_scheduler[0].milestones == [12]
 
 
+def test_checkpoint_save_begin_counts_optimizer_steps_too(tmp_path):
+    # interval scaled but save_begin not: checkpoints at odd micro-steps, i.e. inside
+    # accumulation windows (issue 19)
+    cfg = toy_cfg(str(tmp_path), max_iters=6, checkpoint_interval=2)
+    cfg.default_hooks.checkpoint.save_begin = 3
+    apply_plan(cfg, make_plan(4, 1, max_per_gpu_batch=2))
+    assert (cfg.default_hooks.checkpoint.interval,
+            cfg.default_hooks.checkpoint.save_begin) == (4, 6)
+    apply_plan(cfg, make_plan(2, 1, max_per_gpu_batch=2))  # back to no accumulation
+    assert (cfg.default_hooks.checkpoint.interval,
+            cfg.default_hooks.checkpoint.save_begin) == (2, 3)
+
+
+def test_recipe_adds_the_window_checkpoint_hook_once(tmp_path):
+    cfg = toy_cfg(str(tmp_path), scaling=dict(total_batch_size=8))
+    prepared = prepare_config(copy.deepcopy(cfg))
+    types = [h.type for h in prepared.custom_hooks]
+    assert types.count('AccumulationCheckpointHook') == 1
+    assert prepare_config(copy.deepcopy(prepared)).custom_hooks == prepared.custom_hooks
+
+
 def test_prepare_config_applies_the_recipe_once(tmp_path):
     cfg = toy_cfg(str(tmp_path), scaling=dict(total_batch_size=8, base_batch_size=4))
     prepared = prepare_config(copy.deepcopy(cfg))

@@ -6,6 +6,7 @@ The two-process resume (1 GPU with accumulation -> 2 GPUs) is in
 import json
 import os.path as osp
 
+import pytest
 import torch
 from mmengine.runner import Runner
 
@@ -53,3 +54,25 @@ def test_loading_weights_only_converts_nothing(tmp_path):
                     scaling=dict(total_batch_size=4, per_gpu_batch_size=1), max_iters=1)
     hook = next(h for h in runner.hooks if type(h).__name__ == 'ScalingPlanHook')
     assert hook.conversion is None and runner.iter == 4
+
+
+def test_new_lr_scale_alone_is_converted_on_resume(tmp_path):
+    # same split (1 GPU x 2 x 2), only the LR the config was tuned for changes: the
+    # checkpoint's LR (x 1) must not survive the resume (x 2 now)
+    out = str(tmp_path)
+    _train(osp.join(out, 'a'), 'a', scaling=dict(total_batch_size=4),
+           checkpoint_interval=4)
+    ckpt = osp.join(out, 'a', 'iter_8.pth')
+    fresh = _train(osp.join(out, 'fresh'), 'fresh', max_iters=4,
+                   scaling=dict(total_batch_size=4, base_batch_size=2))
+    resumed = Runner.from_cfg(toy_cfg(
+        osp.join(out, 'r'), name='r', load_from=ckpt, resume=True,
+        trusted_checkpoints=[ckpt], scaling=dict(total_batch_size=4, base_batch_size=2)))
+    resumed.train()
+    hook = next(h for h in resumed.hooks if type(h).__name__ == 'ScalingPlanHook')
+    assert (hook.conversion['old_iter'], hook.conversion['new_iter']) == (8, 8)
+    # MultiStepLR milestone 3 passed: both at 0.1 x gamma, the fresh run at its end
+    group = resumed.optim_wrapper.optimizer.param_groups[0]
+    ref = fresh.optim_wrapper.optimizer.param_groups[0]
+    assert group['initial_lr'] == ref['initial_lr'] == pytest.approx(0.1)
+    assert group['lr'] == pytest.approx(ref['lr'])
