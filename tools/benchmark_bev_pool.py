@@ -23,7 +23,6 @@ Usage::
 Runs with PyTorch alone (mmdet3d not needed): the ops are loaded from their files.
 """
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -35,8 +34,6 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-OPS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), '..', 'mmdet3d_scaling',
-                       'models', 'bevfusion', 'ops')
 SIZES = {
     # cameras, depth bins (1 m + k * step), feature H, W, grid cells (x = y), channels
     'official': dict(cams=6, dbound=(1.0, 60.0, 0.5), feat=(32, 88), grid=360, C=80),
@@ -46,17 +43,13 @@ DTYPES = {'fp32': torch.float32, 'bf16': torch.bfloat16, 'fp16': torch.float16}
 
 
 def load_ops(no_triton: bool = False):
-    """The ops package without importing mmdet3d_scaling (which needs mmdet3d)."""
-    spec = importlib.util.spec_from_file_location(
-        '_bevfusion_ops', os.path.join(OPS_DIR, '__init__.py'),
-        submodule_search_locations=[OPS_DIR])
-    module = importlib.util.module_from_spec(spec)
-    sys.modules['_bevfusion_ops'] = module
-    spec.loader.exec_module(module)
-    bp = sys.modules['_bevfusion_ops.bev_pool']
+    """The plugin's BEVFusion ops package and its ``bev_pool`` module."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), '..'))
+    from mmdet3d_scaling.models.bevfusion import ops
+    from mmdet3d_scaling.models.bevfusion.ops import bev_pool as bp
     if no_triton:
         bp.bev_pool_triton.HAS_TRITON = False
-    return module, bp
+    return ops, bp
 
 
 def rig_geometry(batch: int, size: dict, device: str) -> torch.Tensor:
