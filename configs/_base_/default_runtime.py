@@ -17,7 +17,14 @@ env_cfg = dict(
 
 log_processor = dict(type='LogProcessor', window_size=50, by_epoch=True)
 
+# LocalVisBackend writes the JSON scalar log (read by tools/analysis/plot_gpu_monitor.py).
+# TensorBoard: use the second line instead of the first to also write event files to
+# <work_dir>/<timestamp>/vis_data/ (`tensorboard --logdir work_dirs/<config>`; needs the
+# `tensorboard` package). A config built on this file switches it on with
+# `visualizer = dict(vis_backends=[dict(type='LocalVisBackend'),
+# dict(type='TensorboardVisBackend')])` (docs/monitoring.md, "TensorBoard").
 vis_backends = [dict(type='LocalVisBackend')]
+# vis_backends = [dict(type='LocalVisBackend'), dict(type='TensorboardVisBackend')]
 visualizer = dict(
     type='Det3DLocalVisualizer', vis_backends=vis_backends, name='visualizer')
 
