@@ -7,7 +7,6 @@ import socket
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from mmengine.dataset import pseudo_collate
 
 from mmdet3d_scaling.batch_size.cache import ResultCache, lookup_agreed
@@ -16,6 +15,7 @@ from mmdet3d_scaling.batch_size.samples import LargestSampleBatches, RandomSampl
 from mmdet3d_scaling.batch_size.search import (BatchSizeFinder, TrainingState,
                                                is_out_of_memory, local_sync_bn)
 from tests.auto_batch_size_common import build_parts, demo_config
+from tests.multiprocess import start_ranks
 
 MiB = 2**20
 
@@ -241,9 +241,8 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
 def test_ranks_agree_on_the_minimum(data_root, tmp_path):
     # forked on a CPU so the children inherit the imported stack (spawning re-imports
     # it for half a minute); spawned where CUDA is initialised
-    method = 'spawn' if torch.cuda.is_available() else 'fork'
-    mp.start_processes(_rank_main, args=(2, _free_port(), data_root, str(tmp_path)),
-                       nprocs=2, join=True, start_method=method)
+    # a GPU a rank where there are 2; else CPU ranks, CUDA hidden (tests/multiprocess.py)
+    start_ranks(_rank_main, (2, _free_port(), data_root, str(tmp_path)), nprocs=2)
     out = [pickle.load(open(tmp_path / f'rank{r}.pkl', 'rb')) for r in range(2)]
     assert [o['local'] for o in out] == [2, 1]
     assert [o['batch'] for o in out] == [1, 1]

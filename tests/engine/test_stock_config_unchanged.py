@@ -13,6 +13,8 @@ import os
 import subprocess
 import sys
 
+from tests.multiprocess import child_env
+
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOCK = ['mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py',
@@ -58,7 +60,8 @@ torch.distributed.destroy_process_group()
 def test_stock_configs_build_as_upstream_under_torchrun(tmp_path):
     script = tmp_path / 'worker.py'
     script.write_text(WORKER)
-    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1')
+    # CUDA hidden from the 2 ranks where fewer than 2 GPUs are visible (gloo either way)
+    env = child_env(2, dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
     done = subprocess.run(
         [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
          '--master_port=0', '--rdzv_backend=c10d', '--rdzv_endpoint=localhost:0',

@@ -12,7 +12,6 @@ from typing import List
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
@@ -22,6 +21,7 @@ from mmdet3d.registry import HOOKS
 from mmdet3d_scaling.config.auto_batch_size import configure_auto_batch_size
 from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook
 from tests.auto_batch_size_common import data_root_for_tests, demo_config
+from tests.multiprocess import start_ranks
 
 MiB = 2**20
 
@@ -194,9 +194,8 @@ def _ddp_rank(rank: int, data_root: str, work_dir: str, port: int) -> None:
 def test_ranks_train_with_the_smallest_batch(data_root, tmp_path):
     """Real 2-process gloo DDP: total 4 = 2 GPUs x 2; rank 1 fits only 1, so both train
     1 x 2 GPUs x 2 accumulation, and one cache entry serves both ranks."""
-    method = 'spawn' if torch.cuda.is_available() else 'fork'
-    mp.start_processes(_ddp_rank, args=(data_root, str(tmp_path), _free_port()),
-                       nprocs=2, join=True, start_method=method)
+    # a GPU a rank where there are 2; else CPU ranks, CUDA hidden (tests/multiprocess.py)
+    start_ranks(_ddp_rank, (data_root, str(tmp_path), _free_port()), nprocs=2)
     out = [pickle.load(open(tmp_path / f'rank{r}.pkl', 'rb')) for r in range(2)]
     assert [o['local'] for o in out] == [2, 1]
     for o in out:

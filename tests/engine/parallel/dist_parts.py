@@ -9,12 +9,12 @@ import socket
 from typing import Callable, Dict, List, Optional
 
 import torch
-import torch.multiprocessing as mp
 from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.registry import DATASETS, HOOKS, MODELS
 
 from tests.toy import ToyDataset, ToyRegressor
+from tests.multiprocess import start_ranks
 
 
 @MODELS.register_module(name='H4ToyRegressor', force=True)
@@ -136,11 +136,13 @@ def _worker(rank: int, world_size: int, port: int, out_dir: str,
 def spawn_checks(world_size: int, out_dir: str, checks: List[Callable]) -> List[dict]:
     """Run ``checks`` in ``world_size`` gloo processes; per-rank dicts of results.
 
-    Forked, not spawned: the children inherit the imported mmdet3d stack instead of
-    importing it again (tens of seconds each on a busy 2-core machine).
+    Forked where there is no CUDA: the children inherit the imported mmdet3d stack
+    instead of importing it again (tens of seconds each on a busy 2-core machine).
     """
-    mp.start_processes(_worker, args=(world_size, free_port(), out_dir, checks),
-                       nprocs=world_size, join=True, start_method='fork')
+    # gloo CPU ranks on any machine: where CUDA is visible they are spawned with it
+    # hidden (tests/multiprocess.py), else forked
+    start_ranks(_worker, (world_size, free_port(), out_dir, checks), nprocs=world_size,
+                cpu_only=True)
     results = []
     for rank in range(world_size):
         with open(os.path.join(out_dir, f'rank{rank}.json')) as f:
