@@ -15,10 +15,14 @@ leave the others waiting in a collective; ranks then agree on the minimum.
 
 Memory is read through a probe (:mod:`.memory_probe`): the CUDA allocator on a GPU, a
 model of the device on a CPU.
+
+Rank 0 shows a progress bar of the trials (phase, batch size; an ETA once the
+bisection's length is known) under :mod:`mmdet3d_scaling.diagnostics.progress`'s policy.
 """
 import contextlib
 import copy
 import gc
+import math
 import random
 import time
 from collections import OrderedDict
@@ -32,6 +36,7 @@ from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from torch import nn
 
+from ..diagnostics import progress
 from ..engine.optim_state import (count_state, optim_wrappers, restore_count_state,
                                   step_every_call)
 from .memory_probe import MemoryProbe
@@ -188,13 +193,16 @@ class BatchSizeFinder:
         new_batch_each_step: call ``make_batch`` for every step of a trial (e.g. random
             batches, whose varying shapes fragment the allocator's cache as training
             does) instead of once per trial. Defaults to False.
+        progress_desc: label of the trials' progress bar. Defaults to
+            'batch size search'.
     """
 
     def __init__(self, model: nn.Module, optim_wrapper: OptimWrapper,
                  make_batch: Callable[[int], Any], probe: MemoryProbe,
                  margin: float = 0.1, steps_per_trial: int = 2,
                  init_batch_size: int = 1, max_batch_size: int = 256,
-                 new_batch_each_step: bool = False):
+                 new_batch_each_step: bool = False,
+                 progress_desc: str = 'batch size search'):
         if not 0 <= margin < 1:
             raise ValueError(f'margin must be in [0, 1) (a share of device memory), '
                              f'got {margin}')
@@ -213,7 +221,32 @@ class BatchSizeFinder:
         self.init_batch_size = int(init_batch_size)
         self.max_batch_size = int(max_batch_size)
         self.new_batch_each_step = bool(new_batch_each_step)
+        self.progress_desc = progress_desc
         self.trials: List[Trial] = []
+        self._bar = progress.bar(show=False)  # replaced while a search runs
+
+    @contextlib.contextmanager
+    def _progress(self) -> Iterator[None]:
+        """A bar of the trials for one search (rank 0's; total known when bisecting)."""
+        self._bar = progress.bar(desc=self.progress_desc, unit='trial',
+                                 show=dist.get_rank() == 0)
+        try:
+            yield
+        finally:
+            self._bar.close()
+            self._bar = progress.bar(show=False)
+
+    def _trial(self, batch_size: int, phase: str, state: TrainingState,
+               left_after: Optional[int] = None) -> bool:
+        """``try_batch`` with the bar showing the phase and batch; ``left_after``: the
+        trials that follow at most (None: not known yet)."""
+        bar = self._bar
+        if left_after is not None:
+            bar.total = bar.n + 1 + left_after
+        bar.set_postfix_str(f'{phase}, batch={batch_size}')
+        fits = self.try_batch(batch_size, state).fits
+        bar.update(1)
+        return fits
 
     @property
     def limit_bytes(self) -> int:
@@ -249,17 +282,18 @@ class BatchSizeFinder:
         fits = not oom and peak is not None and peak <= self.limit_bytes
         trial = Trial(batch_size, fits, peak, oom, time.perf_counter() - start)
         self.trials.append(trial)
-        print_log(f'auto batch size: batch {batch_size} '
-                  f'{"fits" if fits else "does not fit"} '
-                  f'({"OOM" if oom else _gib(peak)} of {_gib(self.limit_bytes)} allowed)',
-                  logger='current')
+        with progress.writing():  # the bar leaves the terminal line for the log line
+            print_log(f'auto batch size: batch {batch_size} '
+                      f'{"fits" if fits else "does not fit"} '
+                      f'({"OOM" if oom else _gib(peak)} of {_gib(self.limit_bytes)} '
+                      'allowed)', logger='current')
         return trial
 
     def _largest_fitting(self, state: TrainingState) -> int:
         good, bad = 0, None
         size = self.init_batch_size
         while True:  # grow by powers of two
-            if self.try_batch(size, state).fits:
+            if self._trial(size, 'doubling', state):
                 good = size
                 if size == self.max_batch_size:
                     return good
@@ -273,7 +307,9 @@ class BatchSizeFinder:
         """Largest fitting batch between a success ``good`` and a failure ``bad``."""
         while bad - good > 1:
             mid = (good + bad) // 2
-            if self.try_batch(mid, state).fits:
+            # after this one, at most ceil(log2(bad - good)) - 1 more: a total, an ETA
+            left = math.ceil(math.log2(bad - good)) - 1
+            if self._trial(mid, 'bisecting', state, left_after=left):
                 good = mid
             else:
                 bad = mid
@@ -288,8 +324,9 @@ class BatchSizeFinder:
         self.trials = []
         state = TrainingState(self.model, self.optim_wrapper)
         self._release()
-        with local_sync_bn(self.model):
-            if self.try_batch(upper, state).fits:
+        with local_sync_bn(self.model), self._progress():
+            if self._trial(upper, 'upper bound', state,
+                           left_after=math.ceil(math.log2(upper - known_good))):
                 return upper
             return self._bisect(known_good, upper, state)
 
@@ -299,7 +336,7 @@ class BatchSizeFinder:
         self.trials = []
         state = TrainingState(self.model, self.optim_wrapper)
         self._release()
-        with local_sync_bn(self.model):
+        with local_sync_bn(self.model), self._progress():
             local = self._largest_fitting(state)
         agreed = agree_min(local)
         if agreed < 1:

@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 
 from .comparison import compare_stock
 from .launch import launch, launch_independent
+from .tracking import planned_runs, track
 from .outputs import write_outputs
 from .summary import (add_round_efficiency, add_scaling, median_row, summarise,
                       summarise_independent)
@@ -63,9 +64,25 @@ def round_order(nproc: List[int], round_index: int) -> List[int]:
 
 def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
     """Every run the options ask for, then the outputs under ``args.out``; the result
-    written to ``scaling.json`` (``{}`` on a node other than 0, which writes nothing)."""
+    written to ``scaling.json`` (``{}`` on a node other than 0, which writes nothing).
+    A progress bar follows the runs (closed before the tables are printed)."""
     check_devices(args)
     os.makedirs(args.out, exist_ok=True)
+    with track(planned_runs(args)):
+        rows = make_runs(args)
+    if rows is None:
+        return {}
+    result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
+                  nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
+                  warmup_iters=args.warmup_iters, repeats=args.repeats,
+                  steps=args.iters, command=' '.join(sys.argv), rows=rows,
+                  created=time.strftime('%Y-%m-%d %H:%M:%S'))
+    write_outputs(result, args.out)
+    return result
+
+
+def make_runs(args: argparse.Namespace) -> Optional[List[Dict[str, Any]]]:
+    """The runs, in order, and the table rows made of them (None off node 0)."""
     label = os.path.splitext(os.path.basename(args.config))[0]
     base = dict(config=os.path.abspath(args.config), cfg_options=args.cfg_options or {},
                 warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
@@ -92,7 +109,7 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
             row['ddp_one'] = dict(one, cost=1.0 - one['samples_per_s'] / row['samples_per_s'])
         rows.append(row)
     if args.node_rank != 0:
-        return {}
+        return None
     add_scaling(rows)
     add_round_efficiency(rows)
     for row in rows:
@@ -103,13 +120,7 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
                                                         one['samples_per_s'])
     if args.compare_stock:
         rows += compare_stock(args, rows)
-    result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
-                  nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
-                  warmup_iters=args.warmup_iters, repeats=args.repeats,
-                  steps=args.iters, command=' '.join(sys.argv), rows=rows,
-                  created=time.strftime('%Y-%m-%d %H:%M:%S'))
-    write_outputs(result, args.out)
-    return result
+    return rows
 
 
 def profile_run(base: Dict[str, Any], label: str, n: int,

@@ -12,7 +12,10 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+from .. import progress
+from . import tracking
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the folder holding mmdet3d_scaling: on the workers' PYTHONPATH for the plugin import
@@ -32,11 +35,13 @@ def prepare_run(spec: Dict[str, Any], nproc: int,
                  args: argparse.Namespace) -> Tuple[List[str], Dict[str, str]]:
     """Write the run's spec (dropping a stale result); the worker command and its env."""
     os.makedirs(spec['work_dir'], exist_ok=True)
+    spec.setdefault('progress', tracking.progress_path(spec['work_dir']))
     spec_path = os.path.join(spec['work_dir'], 'spec.json')
     with open(spec_path, 'w') as f:
         json.dump(spec, f, indent=1)
-    if os.path.exists(spec['result']):
-        os.remove(spec['result'])  # a stale result must not pass for this run's
+    for stale in (spec['result'], spec.get('progress')):
+        if stale and os.path.exists(stale):
+            os.remove(stale)  # a stale result must not pass for this run's
     env = dict(os.environ)
     env['PYTHONPATH'] = ROOT + (os.pathsep + env['PYTHONPATH'] if env.get('PYTHONPATH')
                                 else '')
@@ -57,11 +62,15 @@ def launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[s
                f'--node_rank={args.node_rank}', f'--master_addr={args.master_addr}',
                f'--master_port={port}', f'--nproc_per_node={nproc}'] + me[1:]
     log_path = os.path.join(spec['work_dir'], 'run.log')
-    print(f'[benchmark_scaling] {spec["label"]}: {nproc} process(es) x {args.nnodes} '
-          f'node(s), comm {spec["comm"]} ... (log: {log_path})', flush=True)
-    with open(log_path, 'w') as log:
-        proc = subprocess.run(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              timeout=args.timeout)
+    progress.echo(f'[benchmark_scaling] {spec["label"]}: {nproc} process(es) x '
+                  f'{args.nnodes} node(s), comm {spec["comm"]} ... (log: {log_path})')
+    tracker = tracking.active()
+    tracker.start_run(f'n{nproc} comm-{spec["comm"]}', [spec['progress']])
+    try:
+        with open(log_path, 'w') as log:
+            proc = run_watched(cmd, env, log, args.timeout, tracker.poll)
+    finally:
+        tracker.finish_run()
     result = read_result(spec['result'], nproc * args.nnodes)
     if proc.returncode != 0:
         with open(log_path) as f:
@@ -71,10 +80,10 @@ def launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[s
                                f'{" ".join(cmd)}\n--- last lines of {log_path} ---\n'
                                f'{tail}')
         # Training finished and every rank reported; a process died while exiting.
-        print(f'[benchmark_scaling] WARNING: {spec["label"]} ({nproc} process(es)) '
-              f'exited with code {proc.returncode} after all ranks had written their '
-              f'figures; they are used, the exit is recorded as exit_code (log: '
-              f'{log_path}).', flush=True)
+        progress.echo(f'[benchmark_scaling] WARNING: {spec["label"]} ({nproc} '
+                      f'process(es)) exited with code {proc.returncode} after all ranks '
+                      f'had written their figures; they are used, the exit is recorded '
+                      f'as exit_code (log: {log_path}).')
         result['exit_code'] = proc.returncode
     if args.node_rank != 0:
         return {}
@@ -82,6 +91,29 @@ def launch(spec: Dict[str, Any], nproc: int, args: argparse.Namespace) -> Dict[s
         raise RuntimeError(f'benchmark run wrote no complete result: {spec["result"]} '
                            f'(log: {log_path})')
     return result
+
+
+def run_watched(cmd: List[str], env: Dict[str, str], log: Any, timeout_s: float,
+                tick: Callable[[], None]) -> subprocess.CompletedProcess:
+    """``subprocess.run(cmd, timeout=timeout_s)`` with output to ``log`` that calls
+    ``tick`` (the progress bar) while it waits; past the time limit the process is
+    killed and ``subprocess.TimeoutExpired`` raised, as ``subprocess.run`` does."""
+    proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while True:
+            try:
+                proc.wait(timeout=min(0.5, max(0.0, deadline - time.monotonic())))
+                break
+            except subprocess.TimeoutExpired:
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(cmd, timeout_s) from None
+                tick()
+    finally:
+        if proc.poll() is None:  # time limit, or interrupted (Ctrl-C)
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(cmd, proc.returncode)
 
 
 def visible_gpus(n: int) -> List[str]:
@@ -117,11 +149,14 @@ def launch_independent(base: Dict[str, Any], label: str, n: int,
         log = open(os.path.join(work, 'run.log'), 'w')
         procs.append((subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT),
                       log, spec, work))
-    print(f'[benchmark_scaling] {label}: {n} independent single-GPU runs at once ...',
-          flush=True)
+    progress.echo(f'[benchmark_scaling] {label}: {n} independent single-GPU runs at '
+                  'once ...')
+    tracker = tracking.active()
+    tracker.start_run(f'{n} independent', [spec['progress'] for _, _, spec, _ in procs])
     try:
-        wait_together([p for p, *_ in procs], args.timeout)
+        wait_together([p for p, *_ in procs], args.timeout, tick=tracker.poll)
     finally:
+        tracker.finish_run()
         for _, log, _, _ in procs:
             log.close()
     raws = [read_result(spec['result'], 1) for _, _, spec, _ in procs]
@@ -137,9 +172,11 @@ def launch_independent(base: Dict[str, Any], label: str, n: int,
     return raws
 
 
-def wait_together(procs: List[subprocess.Popen], timeout_s: float) -> None:
+def wait_together(procs: List[subprocess.Popen], timeout_s: float,
+                  tick: Optional[Callable[[], None]] = None) -> None:
     """Wait for runs that meet at a start barrier: when one fails, stop the others
-    (they would wait at the barrier until its time limit); past ``timeout_s`` stop all."""
+    (they would wait at the barrier until its time limit); past ``timeout_s`` stop all.
+    ``tick`` (the progress bar) is called while waiting."""
     deadline = time.monotonic() + timeout_s
     while any(p.poll() is None for p in procs):
         failed = any(p.returncode not in (None, 0) for p in procs)
@@ -154,6 +191,8 @@ def wait_together(procs: List[subprocess.Popen], timeout_s: float) -> None:
                     p.kill()
                     p.wait()
             return
+        if tick is not None:
+            tick()
         time.sleep(0.5)
 
 

@@ -9,7 +9,8 @@ needs it (the spec's ``plugin`` key) or after training.
 
 The spec (written by :func:`.launch.prepare_run`): config, cfg_options, warmup,
 warmup_iters, iters, plugin, gpu_monitor, label, comm ('on' / 'off'), work_dir, result
-(the JSON rank 0 writes), and optionally profile, trace_dir, start_barrier, ddp_one, and
+(the JSON rank 0 writes), and optionally progress (a JSON file of iterations done /
+total for the progress bar), profile, trace_dir, start_barrier, ddp_one, and
 for stock runs data_from, data_cfg_options, per_gpu_batch, accumulation.
 """
 import os
@@ -294,6 +295,41 @@ class ProfileHook(Hook):
         self._prof = None
 
 
+class ProgressFileHook(Hook):
+    """Writes ``{"done": micro-batches trained, "total": the run's micro-batches}`` to a
+    JSON file, for the orchestrator's progress bar (:mod:`.tracking`).
+
+    Written by the first process of each machine, at most every ``interval_s`` seconds
+    and at the last iteration, through a temporary file and a rename, so a reader never
+    sees half a file.
+
+    Args:
+        path: the JSON file.
+        interval_s: least seconds between two writes. Defaults to 0.5.
+    """
+
+    priority = 'LOWEST'
+
+    def __init__(self, path: str, interval_s: float = 0.5) -> None:
+        self.path = path
+        self.interval_s = interval_s
+        self._last = -math.inf
+        self._writer = os.environ.get('LOCAL_RANK', '0') == '0'
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch: Any = None,
+                         outputs: Any = None) -> None:
+        total = runner.train_loop.max_iters
+        done = runner.iter + 1  # not yet incremented
+        now = time.monotonic()
+        if not self._writer or (done < total and now - self._last < self.interval_s):
+            return
+        self._last = now
+        tmp = f'{self.path}.tmp'
+        with open(tmp, 'w') as f:
+            json.dump(dict(done=done, total=total), f)
+        os.replace(tmp, self.path)
+
+
 def _noop_allreduce(state: object,
                     bucket: torch_dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook that skips the all-reduce (gradients stay local)."""
@@ -406,6 +442,8 @@ def run_worker(spec_path: str) -> None:
     runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
     if spec.get('profile'):
         runner.register_hook(ProfileHook(timer, spec.get('trace_dir')), priority='VERY_LOW')
+    if spec.get('progress'):
+        runner.register_hook(ProgressFileHook(spec['progress']), priority='LOWEST')
     runner.train()
     from mmdet3d_scaling.engine.launcher import shutdown_distributed
     shutdown_distributed(runner)  # drops the DDP wrapper before the process group
