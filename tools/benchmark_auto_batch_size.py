@@ -23,6 +23,7 @@ from mmengine.config import DictAction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mmdet3d_scaling.batch_size import benchmark  # noqa: E402
+from mmdet3d_scaling.diagnostics import progress  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -50,6 +51,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--memory-gib', type=float, default=None,
                    help='cap this process to that much GPU memory (emulates a smaller card)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    progress.add_argument(p)
     args = p.parse_args(argv)
     for name, least in (('iters', 1), ('steps_per_trial', 1), ('verify_steps', 0)):
         if getattr(args, name) < least:
@@ -60,6 +62,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
+    progress.configure(args)  # the search's trials and the training after it
     benchmark.cap_memory(args.memory_gib)
     result = benchmark.run(args)
     print(benchmark.table(result))

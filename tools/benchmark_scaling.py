@@ -92,6 +92,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--master-addr', default='127.0.0.1')
     p.add_argument('--master-port', type=int, default=None)
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
+    # the flag of every long-running tool (mmdet3d_scaling.diagnostics.progress), declared
+    # here because importing the plugin before parsing would slow a usage error down
+    p.add_argument('--no-progress', action='store_true',
+                   help='no progress bars (runs done, iterations of the current run, '
+                        'ETA); they go to stderr, and only when stderr is a terminal')
     args = p.parse_args(argv)
     for name, least in (('iters', 1), ('warmup', 0), ('warmup_iters', 0),
                         ('profile_steps', 0), ('repeats', 1)):
@@ -115,7 +120,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Parse the arguments and run the benchmark; its result (``{}`` off node 0)."""
     args = parse_args(argv)
     # imported after parsing: the plugin's import takes seconds, a usage error should not
+    from mmdet3d_scaling.diagnostics import progress
     from mmdet3d_scaling.diagnostics.scaling_benchmark import run_benchmark
+    progress.configure(args)
     return run_benchmark(args)
 
 

@@ -42,6 +42,7 @@ from mmengine.runner import Runner
 
 from mmdet3d.registry import HOOKS
 
+from ..diagnostics import progress
 from ..hooks.auto_batch_size_hook import AutoBatchSizeHook
 from .memory_probe import CudaMemoryProbe, ModeledMemoryProbe
 from .samples import LargestSampleBatches, RandomSampleBatches
@@ -62,7 +63,7 @@ def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
 class TrainingWatch(Hook):
     """After the search: the no-margin check (printed at once, so a run cut short still
     reports the search and the ratio), then peak memory and time of the training
-    iterations."""
+    iterations (with a progress bar, :mod:`mmdet3d_scaling.diagnostics.progress`)."""
 
     priority = 'LOWEST'
 
@@ -73,6 +74,7 @@ class TrainingWatch(Hook):
         self.start = self.seconds = None
         self.peak_bytes: Optional[int] = None
         self.check: Optional[Dict[str, Any]] = None
+        self.bar = progress.bar(show=False)
 
     def before_train(self, runner) -> None:  # after the search (before_run)
         search = next(h for h in runner.hooks if isinstance(h, AutoBatchSizeHook))
@@ -82,21 +84,25 @@ class TrainingWatch(Hook):
             bound = self.check['largest']
             if self.args.verify_steps and bound > found:
                 self.check.update(largest_by_training(self.args, runner, found, bound))
-            print(f'[auto batch size] search {search.result.seconds:.1f} s -> per-GPU '
-                  f'batch {found}; largest that fits without margin '
-                  f'{self.check["largest"]}{" (cap)" if self.check["capped"] else ""} '
-                  f'(2-step trials: {bound}; {self.check["seconds"]:.1f} s); '
-                  f'found / largest {found / self.check["largest"]:.2f}; now training '
-                  f'{self.args.iters} iterations', flush=True)
+            progress.echo(
+                f'[auto batch size] search {search.result.seconds:.1f} s -> per-GPU '
+                f'batch {found}; largest that fits without margin '
+                f'{self.check["largest"]}{" (cap)" if self.check["capped"] else ""} '
+                f'(2-step trials: {bound}; {self.check["seconds"]:.1f} s); '
+                f'found / largest {found / self.check["largest"]:.2f}; now training '
+                f'{self.args.iters} iterations')
         _, self.probe = _model_and_probe(self.args, runner)
         self.probe.release()
         self.probe.reset()
+        self.bar = progress.bar(total=runner.max_iters, desc='training', unit='iter')
         self.start = time.perf_counter()
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         self.iters += 1
+        self.bar.update(1)
 
     def finish(self) -> None:
+        self.bar.close()
         if self.probe is not None and self.start is not None:
             self.seconds = time.perf_counter() - self.start
             self.peak_bytes = self.probe.peak_bytes()
@@ -161,7 +167,7 @@ def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
                                                           loader.collate_fn),
         probe, margin=0.0, steps_per_trial=args.steps_per_trial,
         init_batch_size=min(found, args.max_batch_size),
-        max_batch_size=args.max_batch_size)
+        max_batch_size=args.max_batch_size, progress_desc='no-margin bound')
     try:
         result = finder.search()
     finally:
@@ -182,7 +188,8 @@ def largest_by_training(args, runner, found: int, bound: int) -> Dict[str, Any]:
                                   num_workers=loader.num_workers)
     finder = BatchSizeFinder(model, runner.optim_wrapper, batches, probe, margin=0.0,
                              steps_per_trial=args.verify_steps, max_batch_size=bound,
-                             new_batch_each_step=True)
+                             new_batch_each_step=True,
+                             progress_desc='confirming by training')
     start = time.perf_counter()
     try:
         largest = finder.largest_up_to(bound, known_good=found)

@@ -43,6 +43,7 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import mmdet3d_scaling  # noqa: E402,F401
+from mmdet3d_scaling.diagnostics import progress  # noqa: E402
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus  # noqa: E402
 from mmdet3d_scaling.diagnostics.launch_census import LaunchCensus  # noqa: E402
 
@@ -60,6 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--cuda-api', action='store_true',
                    help='then profile --steps more steps: CUDA API calls by call site')
     p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    progress.add_argument(p)
     args = p.parse_args(argv)
     for name, least in (('steps', 1), ('warmup', 0), ('top', 1)):
         if getattr(args, name) < least:
@@ -81,11 +83,17 @@ def count(args) -> Dict[str, Any]:
     batches = iter(runner.build_dataloader(runner._train_dataloader))
     model = runner.model
     model.train()
+    # warm-up, counted and (--cuda-api) profiled steps: one bar (stderr, terminals only)
+    bar = progress.bar(total=args.warmup + args.steps * (2 if args.cuda_api else 1),
+                       desc='census steps', unit='step')
+    bar.set_postfix_str('warm-up')
     for _ in range(args.warmup):
         model.train_step(next(batches), optim_wrapper)
+        bar.update(1)
     census = HostReadCensus()
     launches = LaunchCensus() if args.launches else None
     samples, start = 0, time.perf_counter()
+    bar.set_postfix_str('counting')
     for _ in range(args.steps):
         data = next(batches)
         samples += len(data['data_samples'])
@@ -94,6 +102,7 @@ def count(args) -> Dict[str, Any]:
             if launches is not None:
                 stack.enter_context(launches)
             model.train_step(data, optim_wrapper)
+        bar.update(1)  # outside the censuses: the bar's own calls are not counted
     result = dict(config=args.config, steps=args.steps, samples=samples,
                   seconds=time.perf_counter() - start,
                   reads_per_step=census.total / args.steps,
@@ -105,12 +114,17 @@ def count(args) -> Dict[str, Any]:
                       copies_per_step=launches.copies / args.steps,
                       launch_sites=launches.sites(args.top, per=args.steps))
     if args.cuda_api:
-        result['cuda_api'] = profile_cuda_api(model, batches, optim_wrapper, args)
+        bar.set_postfix_str('profiling')
+        result['cuda_api'] = profile_cuda_api(model, batches, optim_wrapper, args,
+                                              step_done=lambda: bar.update(1))
+    bar.close()
     return result
 
 
-def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
-    """``args.steps`` training steps under torch.profiler: CUDA API calls by site."""
+def profile_cuda_api(model, batches, optim_wrapper, args,
+                     step_done=None) -> Dict[str, Any]:
+    """``args.steps`` training steps under torch.profiler: CUDA API calls by site;
+    ``step_done()`` (the progress bar) after each."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -126,6 +140,8 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
     with profile(activities=activities, with_stack=True) as prof:
         for batch in data:
             model.train_step(batch, optim_wrapper)
+            if step_done is not None:
+                step_done()
         if cuda:
             torch.cuda.synchronize()
     wall = time.perf_counter() - start
@@ -140,6 +156,7 @@ def profile_cuda_api(model, batches, optim_wrapper, args) -> Dict[str, Any]:
 
 def main(argv=None) -> Dict[str, Any]:
     args = parse_args(argv)
+    progress.configure(args)
     result = count(args)
     print(f"{result['reads_per_step']:.1f} host reads a training step "
           f"({result['reads_per_sample']:.1f} a sample), {args.steps} step(s) counted")
