@@ -1,33 +1,5 @@
-# BEVFusion LiDAR + camera on ONE 24 GB GPU with the official recipe's hyper-parameters.
-#
-#   python tools/train.py configs/bevfusion_1gpu.py \
-#       --cfg-options load_from=work_dirs/<lidar-only run>/epoch_20.pth
-#   python tools/test.py configs/bevfusion_1gpu.py work_dirs/bevfusion_1gpu/epoch_6.pth
-#
-# Same effective batch (32), lr (2e-4), schedule (6 epochs, 500-step warm-up, cosine)
-# and evaluation (nuScenes val, NuScenesMetric) as the official 8-GPU x 4 run, reached
-# on one GPU by
-#   - per-GPU batch 2 x gradient accumulation 16 (the scaling engine derives the
-#     accumulation from `scaling` and the world size, and prints the plan);
-#   - mixed precision (AmpOptimWrapper, fp16 with dynamic loss scaling; the view
-#     transform runs in fp32 as upstream);
-#   - gradient checkpointing of the Swin-T blocks, the image neck and the depth-net;
-#   - the lean BEV pooling that never materialises the 6 x 118 x 32 x 88 x 80 frustum
-#     tensor (about 640 MB per sample in fp32, twice that with its gradient).
-# Per-GPU batch 2 instead of 4 changes BatchNorm batch statistics, nothing else.
-# Started on N GPUs (tools/dist_train.sh configs/bevfusion_1gpu.py N) it keeps the
-# effective batch 32 with accumulation 16 / N. If memory is short, set
-#   --cfg-options scaling.per_gpu_batch_size=1   (accumulation 32), or
-#   --cfg-options scaling.per_gpu_batch_size=auto  (largest batch that fits).
-_base_ = ['./bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_nus-3d.py']
-
-scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
-               per_gpu_batch_size=2)
-train_dataloader = dict(batch_size=2)
-
-optim_wrapper = dict(type='AmpOptimWrapper', loss_scale='dynamic')
-
-model = dict(
-    img_backbone=dict(with_cp=True),
-    img_neck=dict(with_cp=True),
-    view_transform=dict(with_cp=True, memory_efficient=True))
+# BEVFusion LiDAR + camera on ONE 24 GB GPU: the short, documented name of
+# configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py (per-GPU batch 2 x 1 GPU x accumulation 16 = 32, AMP, gradient
+# checkpointing, lean BEV pooling; the file says why). Kept under this name for
+#   python tools/train.py configs/bevfusion_1gpu.py (work dir work_dirs/bevfusion_1gpu).
+_base_ = ['./bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py']

@@ -17,7 +17,8 @@ from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hook, applies the shims)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import (
-    CHECKPOINT_KEY, GradientCumulativeOptimizerHook, batch_norm_layers)
+    CHECKPOINT_KEY, AccumulationCheckpointHook, GradientCumulativeOptimizerHook,
+    batch_norm_layers)
 from tests.toy import ToyRegressor, toy_runner_cfg
 
 TOL = 1e-5
@@ -195,6 +196,29 @@ def test_resume_in_the_middle_of_a_window(tmp_path):
     lost = train(cfg(tmp_path / 'lost', resume=True,
                      load_from=str(tmp_path / 'lost.pth')))
     assert max_diff(params(lost), params(whole)) > 1e-4
+
+
+def test_window_checkpoint_hook_alone_with_accumulative_counts(tmp_path):
+    # mmengine's own accumulation (optim_wrapper.accumulative_counts, what the scaling
+    # recipe writes) plus AccumulationCheckpointHook: a checkpoint inside a window
+    # resumes bit-exactly
+    def cfg(work_dir, **extra):
+        c = toy_cfg(work_dir, batch_size=2, dataset_len=24, max_iters=12,
+                    default_hooks=dict(checkpoint=dict(
+                        type='CheckpointHook', interval=6, by_epoch=False)), **extra)
+        c['optim_wrapper']['accumulative_counts'] = 4
+        c['custom_hooks'].append(dict(type='AccumulationCheckpointHook'))
+        return c
+
+    whole = train(cfg(tmp_path / 'whole'))
+    train(cfg(tmp_path / 'cut', hooks=[StopAt(6)]))
+    ckpt_path = str(tmp_path / 'cut' / 'iter_6.pth')
+    assert torch.load(ckpt_path, weights_only=False)[CHECKPOINT_KEY]['micro_steps'] == 2
+    resumed = train(cfg(tmp_path / 'resumed', resume=True, load_from=ckpt_path))
+    for name, value in params(resumed).items():
+        assert torch.equal(value, params(whole)[name]), name
+    assert isinstance(hook_of(resumed, AccumulationCheckpointHook), Hook)
+    assert issubclass(GradientCumulativeOptimizerHook, AccumulationCheckpointHook)
 
 
 def test_batch_norm_warning_once_naming_layers(tmp_path):
