@@ -28,12 +28,13 @@ from mmdet3d_scaling.diagnostics import progress  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('config')
+    p.add_argument('config', help='config file to search and train (plugin loaded)')
     p.add_argument('--work-dir', help='default: work_dirs/benchmark_auto_batch_size')
     p.add_argument('--iters', type=int, default=300, help='training iterations after '
                    'the search (default 300)')
     p.add_argument('--margin', type=float, default=0.1, help='share of memory kept free')
-    p.add_argument('--steps-per-trial', type=int, default=2)
+    p.add_argument('--steps-per-trial', type=int, default=2,
+                   help='training steps per search trial (default 2)')
     p.add_argument('--verify-steps', type=int, default=20,
                    help='training steps on random batches that confirm the largest batch '
                         '(0: the 2-step trials alone decide; default 20)')
@@ -50,7 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument('--out', help='JSON output path')
     p.add_argument('--memory-gib', type=float, default=None,
                    help='cap this process to that much GPU memory (emulates a smaller card)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config keys (key=value), '
+                        'e.g. train_dataloader.num_workers=2')
     progress.add_argument(p)
     args = p.parse_args(argv)
     for name, least in (('iters', 1), ('steps_per_trial', 1), ('verify_steps', 0)):

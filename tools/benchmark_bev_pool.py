@@ -257,13 +257,20 @@ def worker(args) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--device', choices=['cuda', 'cpu'],
-                        default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--size', choices=sorted(SIZES))
+                        default='cuda' if torch.cuda.is_available() else 'cpu',
+                        help='device to measure on (default: cuda when available)')
+    parser.add_argument('--size', choices=sorted(SIZES),
+                        help="rig and grid sizes (default: 'official' on CUDA, "
+                             "'reduced' on the CPU)")
     parser.add_argument('--batch', type=int, nargs='+', default=None,
                         help='batch sizes (default: 1 4 on CUDA, 1 on the CPU)')
-    parser.add_argument('--dtype', choices=sorted(DTYPES), default='fp32')
-    parser.add_argument('--iters', type=int, default=None)
-    parser.add_argument('--warmup', type=int, default=3)
+    parser.add_argument('--dtype', choices=sorted(DTYPES), default='fp32',
+                        help='feature dtype (default fp32; sums are fp32)')
+    parser.add_argument('--iters', type=int, default=None,
+                        help='timed forward + backward passes per path '
+                             '(default: 20 on CUDA, 3 on the CPU)')
+    parser.add_argument('--warmup', type=int, default=3,
+                        help='untimed passes before timing (default 3)')
     parser.add_argument('--no-triton', action='store_true',
                         help='PyTorch only (as without Triton installed)')
     parser.add_argument('--worker', help=argparse.SUPPRESS)

@@ -152,13 +152,18 @@ def check_json_out(parser: argparse.ArgumentParser, path: Optional[Path],
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--iters', type=int, default=300, help='measured iterations')
-    parser.add_argument('--warmup', type=int, default=20)
-    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--warmup', type=int, default=20,
+                        help='iterations before the measured ones (default 20)')
+    parser.add_argument('--repeats', type=int, default=3,
+                        help='with / without hook pairs, alternating (default 3)')
     parser.add_argument('--interval', type=int, default=10,
                         help='LoggerHook and monitor interval (iterations)')
-    parser.add_argument('--width', type=int, default=1024)
-    parser.add_argument('--depth', type=int, default=4)
-    parser.add_argument('--batch-size', type=int, default=64)
+    parser.add_argument('--width', type=int, default=1024,
+                        help='features of the MLP and its inputs (default 1024)')
+    parser.add_argument('--depth', type=int, default=4,
+                        help='linear layers of the MLP (default 4)')
+    parser.add_argument('--batch-size', type=int, default=64,
+                        help='samples an iteration (default 64)')
     parser.add_argument('--workers', type=int, default=0, help='dataloader workers')
     parser.add_argument('--json-out', type=Path, default=None,
                         help='also write the rows and summary as JSON here (a new file)')

@@ -88,9 +88,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override settings of the plugin config (key=value)')
     p.add_argument('--nnodes', type=int, default=1, help='nodes (multi-node form)')
-    p.add_argument('--node-rank', type=int, default=0)
-    p.add_argument('--master-addr', default='127.0.0.1')
-    p.add_argument('--master-port', type=int, default=None)
+    p.add_argument('--node-rank', type=int, default=0,
+                   help='rank of this node (multi-node form; node 0 writes the results)')
+    p.add_argument('--master-addr', default='127.0.0.1',
+                   help='address of node 0 (multi-node form; default 127.0.0.1)')
+    p.add_argument('--master-port', type=int, default=None,
+                   help='rendezvous port (default: a free port; give one for '
+                        'several nodes)')
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
     # the flag of every long-running tool (mmdet3d_scaling.diagnostics.progress), declared
     # here because importing the plugin before parsing would slow a usage error down

@@ -142,9 +142,14 @@ def measure(transform_cls, options: dict, batch: int, device: str, iters: int) -
 
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--batch', type=int, nargs='+', default=[1, 4])
-    parser.add_argument('--iters', type=int, default=5)
+    parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu',
+                        help='device to measure on (default: cuda when available; peak '
+                             'memory only on CUDA)')
+    parser.add_argument('--batch', type=int, nargs='+', default=[1, 4],
+                        help='batch sizes, one table block each (default 1 4)')
+    parser.add_argument('--iters', type=int, default=5,
+                        help='timed forward + backward passes per row, after one warm-up '
+                             '(default 5)')
     args = parser.parse_args(argv)
     DepthLSSTransform = import_transform()
     print(f'device={args.device} torch={torch.__version__}')

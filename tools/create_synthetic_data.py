@@ -89,7 +89,8 @@ SUBCOMMANDS: Dict[str, Callable] = {'kitti': add_kitti_parser,
 
 def main(argv: Optional[List[str]] = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    subparsers = parser.add_subparsers(dest='dataset', required=True)
+    subparsers = parser.add_subparsers(dest='dataset', required=True,
+                                       help='dataset format to write')
     for add_parser in SUBCOMMANDS.values():
         add_parser(subparsers)
     args = parser.parse_args(argv)

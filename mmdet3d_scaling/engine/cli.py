@@ -40,7 +40,9 @@ def _common_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         '--trust-checkpoint', action='append', default=[], metavar='PATH',
         help='checkpoint file you trust: load it with full unpickling (repeatable)')
-    parser.add_argument('--local_rank', '--local-rank', type=int, default=0)
+    parser.add_argument('--local_rank', '--local-rank', type=int, default=0,
+                        help='set by torch.distributed.launch (LOCAL_RANK wins when set); '
+                             'not needed with torchrun')
 
 
 def train_parser() -> argparse.ArgumentParser:

@@ -36,10 +36,11 @@ def _backend_types(cfg: Config) -> List[str]:
 def _switched_base(tmp_path: Path) -> Config:
     """default_runtime.py with its documented TensorBoard line used instead of the first."""
     text = DEFAULT_RUNTIME.read_text()
-    assert TENSORBOARD_LINE in text, (
-        f'{DEFAULT_RUNTIME} lost the documented TensorBoard switch {TENSORBOARD_LINE!r}')
+    assert TENSORBOARD_LINE in text, (f'{DEFAULT_RUNTIME} lost the documented TensorBoard '
+                                      f'switch {TENSORBOARD_LINE!r}')
     default_line = "vis_backends = [dict(type='LocalVisBackend')]\n"
-    switched = text.replace(default_line, '').replace(TENSORBOARD_LINE, TENSORBOARD_LINE[2:])
+    switched = text.replace(default_line, '')
+    switched = switched.replace(TENSORBOARD_LINE, TENSORBOARD_LINE[2:])
     path = tmp_path / 'default_runtime_tensorboard.py'
     path.write_text(switched)
     return Config.fromfile(str(path))

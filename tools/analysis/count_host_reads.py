@@ -50,17 +50,19 @@ from mmdet3d_scaling.diagnostics.launch_census import LaunchCensus  # noqa: E402
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    p.add_argument('config')
+    p.add_argument('config', help='training config file (plugin applied)')
     p.add_argument('--steps', type=int, default=1, help='counted training steps')
     p.add_argument('--warmup', type=int, default=1, help='training steps before counting')
     p.add_argument('--top', type=int, default=25, help='call sites listed')
-    p.add_argument('--work-dir', default='work_dirs/count_host_reads')
+    p.add_argument('--work-dir', default='work_dirs/count_host_reads',
+                   help='work dir of the runner (default work_dirs/count_host_reads)')
     p.add_argument('--out', help='JSON output (default: WORK_DIR/host_reads.json)')
     p.add_argument('--launches', action='store_true',
                    help='also count kernel-running operators and copies by call site')
     p.add_argument('--cuda-api', action='store_true',
                    help='then profile --steps more steps: CUDA API calls by call site')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config keys (key=value)')
     progress.add_argument(p)
     args = p.parse_args(argv)
     for name, least in (('steps', 1), ('warmup', 0), ('top', 1)):

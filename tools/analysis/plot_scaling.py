@@ -23,8 +23,10 @@ def main(argv: Optional[List[str]] = None) -> Path:
     """Parse the arguments, plot the rows; the PNG's path."""
     p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     p.add_argument('results', nargs='+', help='scaling.json files')
-    p.add_argument('--out', default='scaling.png')
-    p.add_argument('--title', default=None)
+    p.add_argument('--out', default='scaling.png',
+                   help='PNG to write (default scaling.png)')
+    p.add_argument('--title', default=None,
+                   help='chart title (default: the input paths)')
     args = p.parse_args(argv)
     rows = load_rows(args.results)
     plot(dict(config=args.title or ', '.join(args.results), rows=rows), args.out)
