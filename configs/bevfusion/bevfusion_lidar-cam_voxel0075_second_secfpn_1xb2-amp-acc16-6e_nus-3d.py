@@ -1,4 +1,6 @@
-# BEVFusion LiDAR + camera on ONE 24 GB GPU with the official recipe's hyper-parameters.
+# BEVFusion LiDAR + camera on ONE 24 GB GPU with the official recipe's hyper-parameters:
+# per-GPU batch 2 x 1 GPU x accumulation 16, AMP, 6 epochs. Its short, documented name
+# is configs/bevfusion_1gpu.py (an alias of this file):
 #
 #   python tools/train.py configs/bevfusion_1gpu.py \
 #       --cfg-options load_from=work_dirs/<lidar-only run>/epoch_20.pth
@@ -19,7 +21,7 @@
 # effective batch 32 with accumulation 16 / N. If memory is short, set
 #   --cfg-options scaling.per_gpu_batch_size=1   (accumulation 32), or
 #   --cfg-options scaling.per_gpu_batch_size=auto  (largest batch that fits).
-_base_ = ['./bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_nus-3d.py']
+_base_ = ['./bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=2)

@@ -5,8 +5,8 @@
 # engine derives the accumulation from the world size and prints the plan at
 # start; started on another GPU count it re-plans (same effective batch).
 #
-#   python tools/train.py configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb4-6e_nus-3d.py
-_base_ = ['./bevfusion_lidar-cam_voxel0075_second_secfpn_nus-3d.py']
+#   python tools/train.py configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb4-acc8-6e_nus-3d.py
+_base_ = ['./bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=4)

@@ -11,7 +11,7 @@
 #   --cfg-options load_from=work_dirs/<lidar-only run>/epoch_20.pth
 # The scaling engine keeps the effective batch on any GPU count; see the {1,2,4,8}xb4
 # variants and configs/bevfusion_1gpu.py (one 24 GB GPU).
-_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py']
+_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py']
 
 point_cloud_range = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]
 input_modality = dict(use_lidar=True, use_camera=True)

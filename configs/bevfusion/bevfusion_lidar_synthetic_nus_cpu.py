@@ -15,7 +15,7 @@
 # LiDAR-only inputs); iteration-based, 300 optimizer steps of batch 2 with warmup and
 # cosine decay, lr 2e-3. About 2-4 s an iteration on 2 shared CPU cores (spconv's CPU
 # path); set OMP_NUM_THREADS=1 when the cores are shared with other work.
-_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py']
+_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py']
 
 data_root = 'data/synthetic_nuscenes/'
 voxel_size = [0.2, 0.2, 0.2]

@@ -4,8 +4,8 @@
 # 8 x 4 run. The scaling engine derives the accumulation from the world size and prints
 # the plan at start; started on another GPU count it re-plans (same effective batch).
 #
-#   python tools/train.py configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_1xb4-cyclic-20e_nus-3d.py
-_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py']
+#   python tools/train.py configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_1xb4-acc8-cyclic-20e_nus-3d.py
+_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=4)

@@ -4,8 +4,8 @@
 # 8 x 4 run. The scaling engine derives the accumulation from the world size and prints
 # the plan at start; started on another GPU count it re-plans (same effective batch).
 #
-#   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_4xb4-cyclic-20e_nus-3d.py 4
-_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py']
+#   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_4xb4-acc2-cyclic-20e_nus-3d.py 4
+_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=4)

@@ -5,7 +5,7 @@
 # the plan at start; started on another GPU count it re-plans (same effective batch).
 #
 #   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d.py 8
-_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py']
+_base_ = ['./bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=4)

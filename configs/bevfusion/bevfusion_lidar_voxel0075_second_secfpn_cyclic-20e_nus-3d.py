@@ -8,8 +8,8 @@
 # The scaling engine keeps the effective batch on any GPU count: per-GPU batch 4 and
 # accumulation 32 / (4 x GPUs); see the *_{1,2,4,8}gpu_* variants.
 #
-#   python tools/train.py configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py
-#   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_nus-3d.py 8
+#   python tools/train.py configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py
+#   bash tools/dist_train.sh configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_cyclic-20e_nus-3d.py 8
 _base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
 runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it

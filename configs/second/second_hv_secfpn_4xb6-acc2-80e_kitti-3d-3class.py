@@ -2,6 +2,6 @@
 # step(s) = effective batch 48, lr 0.0018 (the stock 8 x 6 recipe unchanged). The scaling engine
 # prints the plan at start; started on another GPU count it re-plans (same batch, LR).
 #
-#   bash tools/dist_train.sh configs/second/second_hv_secfpn_4xb6-80e_kitti-3d-3class.py 4
+#   bash tools/dist_train.sh configs/second/second_hv_secfpn_4xb6-acc2-80e_kitti-3d-3class.py 4
 _base_ = ['./second_80e_kitti-3d-3class.py']
 distributed = dict(sync_bn='torch')  # SyncBN over the 4 GPUs
