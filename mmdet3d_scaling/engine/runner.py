@@ -211,13 +211,16 @@ class ScalingRunner(Runner):
             loop.val_interval, train_cfg.get('dynamic_intervals'))
 
     def _update_checkpoint_interval(self, cfg: Config) -> None:
-        """An iteration-based checkpoint interval counts optimizer steps in the recipe."""
+        """An iteration-based checkpoint ``interval`` and ``save_begin`` count optimizer
+        steps in the recipe: checkpoints land on accumulation-window ends."""
         ckpt = (cfg.get('default_hooks') or {}).get('checkpoint')
-        if not isinstance(ckpt, dict) or 'interval' not in ckpt:
+        if not isinstance(ckpt, dict):
             return
         for hook in self.hooks:
             if isinstance(hook, CheckpointHook):
-                hook.interval = ckpt['interval']
+                for key in ('interval', 'save_begin'):
+                    if key in ckpt:
+                        setattr(hook, key, ckpt[key])
 
 
 def require_scaling_runner(runner: Any, who: str) -> ScalingRunner:
