@@ -1,4 +1,4 @@
-# BEVFusion LiDAR + camera on ONE 24 GB GPU: the short, documented name of
+# Alias, the short documented name: BEVFusion LiDAR + camera on ONE 24 GB GPU, i.e.
 # configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py
 # (per-GPU batch 2 x 1 GPU x accumulation 16 = 32, AMP, gradient checkpointing, lean
 # BEV pooling; that file says why). Kept for

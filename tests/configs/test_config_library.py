@@ -154,3 +154,16 @@ def test_the_one_gpu_bevfusion_name_says_its_plan(monkeypatch):
     assert cfg.train_dataloader.batch_size == 2
     assert cfg.optim_wrapper.accumulative_counts == 16
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+
+
+def test_docs_table_lists_every_config_as_planned():
+    """docs/configs.md's table of every config file (family, per-GPU batch x GPUs x
+    accumulation, effective batch, LR, precision, alias of) is what the files plan."""
+    from tests.configs import config_table
+    assert config_table.doc_table() == config_table.table(), (
+        'docs/configs.md is out of date: run python -m tests.configs.config_table')
+    listed = config_table.doc_table().count('\n| `')
+    assert listed == len(ALL)
+    for old, new in ALIASES.items():
+        assert f'| `{old}` |' in config_table.doc_table()
+        assert config_table.alias_target(old) == new
