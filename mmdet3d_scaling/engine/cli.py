@@ -172,6 +172,9 @@ def test_main(argv: Optional[List[str]] = None) -> dict:
     args = test_parser().parse_args(argv)
     cfg = load_config(args)
     cfg.load_from = args.checkpoint
+    # ScalingRunner checks that the checkpoint fits the model: scoring a random model is
+    # never what `tools/test.py CONFIG CKPT` is for (`--cfg-options resume_strict=False`)
+    cfg.setdefault('resume_strict', True)
     if args.show or args.show_dir:
         _trigger_visualization(cfg, args)
     if args.tta:
