@@ -58,6 +58,28 @@ def family(rel: str) -> str:
     return 'demo'
 
 
+AMP_NAMES = {'float16': 'AMP fp16', 'bfloat16': 'AMP bf16',
+             'auto': 'AMP bf16 or fp16 by the GPU'}
+
+
+def precision(cfg) -> str:
+    """Mixed precision as the file asks for it (``fp16`` / ``amp`` keys or an
+    ``AmpOptimWrapper``), before ``amp.dtype='auto'`` is resolved on this machine."""
+    amp = cfg.get('amp')
+    if cfg.get('fp16'):
+        name = AMP_NAMES['float16']
+    elif amp:
+        name = AMP_NAMES[amp.get('dtype', 'float16') if isinstance(amp, dict)
+                         else 'float16']
+    elif 'Amp' in cfg.optim_wrapper.get('type', ''):
+        name = AMP_NAMES[str(cfg.optim_wrapper.get('dtype') or 'float16')]
+    else:
+        name = 'fp32'
+    if cfg.get('float32_matmul_precision') in ('high', 'medium'):
+        name += ' + TF32 matmul'
+    return name
+
+
 def planned(rel: str) -> Dict[str, str]:
     """One row: the plan prepare_config makes for the file at its named GPU count."""
     from mmengine.config import Config
@@ -69,7 +91,8 @@ def planned(rel: str) -> Dict[str, str]:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        cfg = copy.deepcopy(Config.fromfile(osp.join(CONFIGS, rel)))
+        raw = Config.fromfile(osp.join(CONFIGS, rel))
+        cfg = copy.deepcopy(raw)
         cfg.launcher = 'pytorch' if n > 1 else 'none'
         cfg.preflight = dict(check_data=False)  # the datasets are not needed to plan
         cfg = prepare_config(cfg)
@@ -82,15 +105,12 @@ def planned(rel: str) -> Dict[str, str]:
     wrapper = cfg.optim_wrapper
     batch = cfg.train_dataloader.batch_size
     acc = wrapper.get('accumulative_counts', 1)
-    precision = 'AMP fp16' if 'Amp' in wrapper.get('type', '') else 'fp32'
-    if cfg.get('float32_matmul_precision') in ('high', 'medium'):
-        precision += ' (TF32 matmul)'
     target = alias_target(rel)
     return dict(config=f'`{rel}`', family=family(rel),
                 plan=f'{batch} x {n} x {acc}' + ('' if re.search(r'_\d+xb\d+', rel)
                                                  else ' (1 GPU)'),
                 total=str(batch * n * acc), lr=f'{wrapper.optimizer.lr:g}',
-                precision=precision, alias=f'`{target}`' if target else '')
+                precision=precision(raw), alias=f'`{target}`' if target else '')
 
 
 def table() -> str:
