@@ -5,8 +5,10 @@
 #   bash benchmarks/gpu_1x_checks.sh patches   # import snapshot + speed-patch CUDA tests +
 #                                              # KITTI eval on this numpy with / without the fix
 #   bash benchmarks/gpu_1x_checks.sh pv_rcnn   # PV-RCNN 1 GPU: speed set on vs off, same settings
+#   bash benchmarks/gpu_1x_checks.sh bevfusion_amp  # BEVFusion 1 GPU from scratch, 24 GiB:
+#                                              # fp32 / fp16 / bf16 -> bevfusion_1gpu_amp_*.json
 set -uo pipefail
-STAGE=${1:?stage: patches | pv_rcnn}
+STAGE=${1:?stage: patches | pv_rcnn | bevfusion_amp}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -60,6 +62,22 @@ pv_rcnn)
       2>&1 | tail -6
     cp "work_dirs/${run%%=*}/scaling.json" "$OUT/pv_rcnn_1gpu_${run%%=*}.json"
   done 2>&1 | tee "$OUT/pv_rcnn_speed.txt"
+  ;;
+bevfusion_amp)
+  # configs/bevfusion_1gpu.py at the official sizes (benchmarks/configs/bevfusion_1gpu_smoke.py),
+  # from scratch under a 24 GiB cap, one run per precision in one process: fp16 and bf16
+  # as amp=dict(dtype='auto') resolves them without / with native bf16. Each run stops
+  # after AMP_ITERS micro-batches or at the first optimizer step after AMP_BUDGET_S s of
+  # training. Defaults (304 each) take about 3 x (startup + 304 micro-batches); to fit one
+  # 10-minute device command: AMP_BUDGET_S=95.
+  [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
+    nuscenes --out data/nuscenes --train-frames 24 --val-frames 2 --full-res --workers 8 \
+    --no-progress 2>&1 | tail -1
+  timeout ${AMP_TIMEOUT:-3000} python benchmarks/bevfusion_amp.py \
+    --precisions ${AMP_PRECISIONS:-fp16,bf16,fp32} --iters ${AMP_ITERS:-304} \
+    --budget-s ${AMP_BUDGET_S:-100000} --cap-gib 24 --out-dir "$OUT" \
+    > "$OUT/bevfusion_amp.txt" 2>&1
+  grep -E "^== |memory cap|amp dtype|Error|skipped by loss scaling" "$OUT/bevfusion_amp.txt" | tail -20
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -9,6 +9,10 @@ Called from :func:`mmdet3d_scaling.config.preparation.prepare_config`:
   ``Fp16OptimizerHook`` / ``GradientCumulativeFp16OptimizerHook`` -> the same plus AMP.
 - ``fp16 = dict(loss_scale=512.)`` (mmcv 1.x) and ``amp = dict(dtype='bfloat16',
   loss_scale='dynamic')`` (plugin) -> mmengine's ``AmpOptimWrapper``.
+- ``amp = dict(dtype='auto')`` (plugin) -> bfloat16 without loss scaling on a GPU with
+  native bf16 (CUDA compute capability >= 8.0: Ampere and newer), else float16 with a
+  small initial loss scale (:data:`AUTO_FP16_LOSS_SCALE`); the choice and its reason are
+  logged once.
 
 Every value is taken from exactly one place: two places that disagree (the legacy key,
 ``optim_wrapper``, the hook in ``custom_hooks``, the ``scaling`` recipe) are a
@@ -16,6 +20,7 @@ Every value is taken from exactly one place: two places that disagree (the legac
 nothing is left for mmengine to ignore. Both steps are idempotent.
 """
 import copy
+import logging
 from numbers import Real
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -37,6 +42,17 @@ _LEGACY_KEYS = {'type', 'grad_clip', 'cumulative_iters', 'loss_scale',
                 'detect_anomalous_params', 'distributed'}
 MMCV_DEFAULT_LOSS_SCALE = 512.0  # mmcv 1.x Fp16OptimizerHook's default
 AMP_DTYPES = ('float16', 'bfloat16')
+AMP_AUTO = 'auto'
+#: ``amp = dict(dtype='auto')`` on a GPU without native bf16: float16 with this dynamic
+#: loss scaling. torch's default initial scale 2**16 suits losses of order 1; detection
+#: losses start ~2**13 (BEVFusion's heatmap loss: 2.5e3-7.7e3 from scratch), so 2**16
+#: overflowed fp16 gradients on every early step. 2**16 / 2**13 = 2**3; the scale then
+#: doubles after every 100 overflow-free optimizer steps (torch: 2000) and halves at an
+#: overflow (the step is skipped).
+AUTO_FP16_LOSS_SCALE = dict(init_scale=2.**3, growth_interval=100)
+#: bfloat16 has float32's exponent range: nothing to rescale, and a disabled GradScaler
+#: adds no inf check (no host sync) to each optimizer step.
+BF16_LOSS_SCALE = dict(enabled=False)
 
 
 def _type_name(value: Any) -> str:
@@ -225,6 +241,62 @@ def _merge_legacy_fp16(cfg: Config, loss_scale: Any) -> None:
                                   ('fp16.loss_scale', current)])
 
 
+def cuda_bf16_supported() -> Tuple[bool, str]:
+    """(whether this process's CUDA device has native bf16, a reason to log).
+
+    ``torch.cuda.is_bf16_supported()`` alone says True on pre-Ampere GPUs (it counts
+    emulation); native means compute capability >= 8.0 (ROCm: every supported GPU).
+    """
+    import torch
+    if not torch.cuda.is_available():
+        return False, 'no CUDA device'
+    index = torch.cuda.current_device()
+    name = torch.cuda.get_device_name(index)
+    if torch.version.hip:
+        return True, f'{name} (ROCm) supports bf16'
+    major, minor = torch.cuda.get_device_capability(index)
+    native = torch.cuda.is_bf16_supported(including_emulation=False)
+    verb = 'has' if native else 'lacks'
+    return native, (f'{name}, compute capability {major}.{minor}, {verb} native bf16 '
+                    '(>= 8.0: Ampere and newer)')
+
+
+def resolve_auto_amp(bf16_supported: bool, loss_scale: Any = None) -> Dict[str, Any]:
+    """``amp = dict(dtype='auto', loss_scale=...)`` for a device -> dtype and loss_scale.
+
+    Args:
+        bf16_supported (bool): whether the GPU computes in bf16 natively.
+        loss_scale (optional): the loss scaling for the fp16 case ('dynamic', a number or
+            a dict of GradScaler arguments). Defaults to None:
+            :data:`AUTO_FP16_LOSS_SCALE`. Unused (scaling off) when bf16 is chosen.
+    """
+    if bf16_supported:
+        return dict(dtype='bfloat16', loss_scale=dict(BF16_LOSS_SCALE))
+    if loss_scale is None:
+        loss_scale = dict(AUTO_FP16_LOSS_SCALE)
+    return dict(dtype='float16', loss_scale=_check_loss_scale(loss_scale,
+                                                              'amp.loss_scale'))
+
+
+def _auto_amp(amp: dict) -> Dict[str, Any]:
+    """Resolve ``dtype='auto'`` on this machine and log the choice with its reason."""
+    from ..compat.amp_cpu import accelerator_available
+    supported, reason = cuda_bf16_supported()
+    wanted = resolve_auto_amp(supported, amp.get('loss_scale'))
+    if supported:
+        note = 'bfloat16 autocast, loss scaling off (bf16 has fp32\'s exponent range)'
+        if amp.get('loss_scale') is not None:
+            note += f'; amp.loss_scale={amp["loss_scale"]!r} applies to fp16 only'
+    else:
+        note = f'float16 autocast with loss_scale={wanted["loss_scale"]!r}'
+        if not accelerator_available():
+            note += (' (no GPU here: AmpOptimWrapper then runs bf16 autocast on the CPU '
+                     'without loss scaling, see compat/amp_cpu.py)')
+    print_log(f"amp dtype='auto': {reason}, so {note}. Set amp.dtype='float16' or "
+              "'bfloat16' to choose.", logger='current', level=logging.INFO)
+    return wanted
+
+
 def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
     """(source, dict(dtype=..., loss_scale=...)) from ``fp16`` / ``amp``; pops both."""
     fp16, amp = cfg.pop('fp16', None), cfg.pop('amp', None)
@@ -238,13 +310,17 @@ def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
     if amp is not None and amp is not False:
         amp = {} if amp is True else amp
         if not isinstance(amp, dict) or set(amp) - {'dtype', 'loss_scale'}:
-            raise ValueError(f"amp must be True or dict(dtype='float16'|'bfloat16', "
-                             f'loss_scale=...), got {amp!r}.')
+            raise ValueError(f"amp must be True or dict(dtype='float16'|'bfloat16'|"
+                             f"'auto', loss_scale=...), got {amp!r}.")
         dtype = amp.get('dtype', 'float16')
-        if dtype not in AMP_DTYPES:
-            raise ValueError(f'amp.dtype must be one of {AMP_DTYPES}, got {dtype!r}.')
-        requests.append(('amp', dict(dtype=dtype, loss_scale=_check_loss_scale(
-            amp.get('loss_scale', 'dynamic'), 'amp.loss_scale'))))
+        if dtype == AMP_AUTO:
+            requests.append(('amp', _auto_amp(amp)))
+        elif dtype not in AMP_DTYPES:
+            raise ValueError(f'amp.dtype must be one of {AMP_DTYPES + (AMP_AUTO,)}, got '
+                             f'{dtype!r}.')
+        else:
+            requests.append(('amp', dict(dtype=dtype, loss_scale=_check_loss_scale(
+                amp.get('loss_scale', 'dynamic'), 'amp.loss_scale'))))
     if not requests:
         return None
     _conflict('mixed-precision settings', requests)
@@ -256,7 +332,8 @@ def translate_amp_config(cfg: Config) -> Config:
 
     ``fp16 = dict(loss_scale=512.)`` or ``dict(loss_scale='dynamic')`` means float16
     autocast with that loss scaling (mmcv 1.x default 512.); ``amp = dict(
-    dtype='bfloat16')`` picks bfloat16 (``loss_scale`` defaults to 'dynamic').
+    dtype='bfloat16')`` picks bfloat16 (``loss_scale`` defaults to 'dynamic');
+    ``amp = dict(dtype='auto')`` picks by the GPU (:func:`resolve_auto_amp`).
     An ``optim_wrapper`` that is already an ``AmpOptimWrapper`` must not disagree.
     """
     request = _requested_amp(cfg)

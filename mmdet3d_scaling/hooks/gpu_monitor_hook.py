@@ -1,28 +1,32 @@
 """GPUMonitorHook: per-interval GPU memory, NVML device stats, throughput and data wait.
 
-Everything is written to ``runner.message_hub`` under ``train/gpu_*`` so that the
-LoggerHook puts it into the text log, the JSON scalars and TensorBoard. The per-iteration
-work is a few ``time.perf_counter()`` calls and a ``len()``; CUDA counters, NVML and the
-cross-rank gather are touched only at report time (once per interval).
+Everything is written to ``runner.message_hub`` under ``train/gpu_*`` (and ``train/amp/*``
+for the loss scaler of mixed precision) so that the LoggerHook puts it into the text
+log, the JSON scalars and TensorBoard. The per-iteration work is a few
+``time.perf_counter()`` calls, a ``len()`` and integer counters; CUDA counters, the loss
+scale, NVML and the cross-rank gather are touched only at report time (once per interval).
 """
 import logging
 import math
 import time
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.distributed as torch_dist
 from mmengine.dist import get_comm_device, get_world_size, is_distributed
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
+from mmengine.optim import OptimWrapper, OptimWrapperDict
 
 from mmdet3d.registry import HOOKS
 
 from ..registry import register
+from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 MB = 1024 * 1024
 PREFIX = 'train/gpu_'
+AMP_PREFIX = 'train/amp/'
 # Keys compared across ranks (min / max), in the order of the gathered vector.
 ACROSS_RANK_KEYS = ('samples_per_s', 'data_wait_share', 'mem_peak_mb', 'util_pct')
 
@@ -120,6 +124,62 @@ class _NvmlDevice:
         self._nvml.nvmlShutdown()
 
 
+class _SkippedSteps:
+    """Optimizer steps that a GradScaler skipped (inf/nan gradients), without a sync.
+
+    GradScaler decides on the host whether to call ``optimizer.step()`` (its own
+    ``found_inf`` sync), so a step post-hook on the optimizer sees exactly the steps
+    taken; the wrapper's ``should_update()`` after each iteration says which iterations
+    asked for one. Skipped = asked - taken; works for dynamic and static loss scales.
+    Only :meth:`figures` reads the GPU (the scale, once per report).
+    """
+
+    def __init__(self, wrapper: OptimWrapper) -> None:
+        self.scaler = wrapper.loss_scaler
+        self.asked = 0
+        self.taken = 0
+        self._reported = 0
+        self._asked_reported = 0
+        self._handle = wrapper.optimizer.register_step_post_hook(self._on_step)
+
+    @staticmethod
+    def scaler_of(wrapper: Any) -> Tuple[Optional[Any], str]:
+        """(the wrapper's enabled GradScaler, or None with the reason)."""
+        if isinstance(wrapper, OptimWrapperDict) or not isinstance(wrapper, OptimWrapper):
+            return None, f'optim_wrapper is a {type(wrapper).__name__}, not one ' \
+                         'AmpOptimWrapper'
+        scaler = getattr(wrapper, 'loss_scaler', None)
+        if scaler is None:
+            return None, 'no AmpOptimWrapper (no loss scaling)'
+        if not isinstance(scaler, torch.amp.GradScaler) or not scaler.is_enabled():
+            return None, ('the AmpOptimWrapper\'s loss scaling is off (bf16, or a CPU '
+                          'run), so no step is ever skipped')
+        return scaler, ''
+
+    def _on_step(self, optimizer, args, kwargs) -> None:
+        self.taken += 1
+
+    def after_iter(self, runner) -> None:
+        if optimizer_stepped(runner):
+            self.asked += 1
+
+    @property
+    def skipped(self) -> int:
+        return self.asked - self.taken
+
+    def figures(self) -> Tuple[Dict[str, float], int]:
+        """(scalars for this report, optimizer steps asked for since the last one)."""
+        in_interval = self.skipped - self._reported
+        asked = self.asked - self._asked_reported
+        self._reported, self._asked_reported = self.skipped, self.asked
+        return {'skipped_steps': float(self.skipped),
+                'skipped_steps_interval': float(in_interval),
+                'grad_scale': float(self.scaler.get_scale())}, asked
+
+    def close(self) -> None:
+        self._handle.remove()
+
+
 class _IterEndStamp(Hook):
     """Marks the end of an iteration's hooks for :class:`GPUMonitorHook` (not in HOOKS)."""
 
@@ -143,6 +203,15 @@ class GPUMonitorHook(Hook):
     rank's device); ``samples_per_s``, ``samples_per_s_global``, ``data_wait_share``;
     with ``across_ranks``: ``<key>_min`` / ``<key>_max`` for ``samples_per_s``,
     ``data_wait_share``, ``mem_peak_mb``, ``util_pct`` and ``data_wait_share_max_rank``.
+
+    Mixed precision with loss scaling (an ``AmpOptimWrapper`` whose GradScaler is on):
+    ``train/amp/skipped_steps`` (optimizer steps skipped since training started, i.e.
+    loss-scale overflows: the parameters did not change), ``train/amp/
+    skipped_steps_interval`` (those of this interval) and ``train/amp/grad_scale`` (the
+    loss scale now; not named ``loss_scale`` because mmengine's LogProcessor averages
+    every key containing "loss" over its window). A warning names an interval in which
+    every optimizer step was skipped. The count adds no GPU sync (a step post-hook on
+    the optimizer); the scale is read once per report.
 
     Timing: ``data_wait_share`` is the time from the end of one iteration's last hook
     to the start of the next iteration (the train loop's ``next(dataloader)``) over the
@@ -174,6 +243,8 @@ class GPUMonitorHook(Hook):
             per report (one small all_gather) and log their min / max. Defaults to True.
         nvml (bool): query NVML (``nvidia-ml-py``) for utilisation, device memory,
             power and temperature. Defaults to True.
+        amp (bool): report the loss scaler's skipped steps and scale when the optim
+            wrapper scales the loss (fp16 AMP). Defaults to True.
     """
 
     priority = 55
@@ -183,7 +254,8 @@ class GPUMonitorHook(Hook):
                  starvation_threshold: float = 0.2,
                  starvation_warn_every: int = 10,
                  across_ranks: bool = True,
-                 nvml: bool = True) -> None:
+                 nvml: bool = True,
+                 amp: bool = True) -> None:
         if interval is not None and (not isinstance(interval, int) or interval <= 0):
             raise ValueError(f'GPUMonitorHook: interval must be a positive int or None '
                              f'(the LoggerHook\'s interval), got {interval!r}.')
@@ -200,6 +272,8 @@ class GPUMonitorHook(Hook):
         self.starvation_warn_every = starvation_warn_every
         self.across_ranks = across_ranks
         self.nvml = nvml
+        self.amp = amp
+        self._skipped: Optional[_SkippedSteps] = None
         self._device: Optional[torch.device] = None
         self._nvml_device: Optional[_NvmlDevice] = None
         self._loggers: List[LoggerHook] = []
@@ -229,12 +303,28 @@ class GPUMonitorHook(Hook):
                       logger='current')
         elif self.nvml:
             self._nvml_device = self._open_nvml(self._device)
+        if self.amp:
+            self._attach_amp(runner.optim_wrapper)
         self._reset_window()
+
+    def _attach_amp(self, wrapper: Any) -> None:
+        if self._skipped is not None:
+            self._skipped.close()
+            self._skipped = None
+        scaler, why_not = _SkippedSteps.scaler_of(wrapper)
+        if scaler is None:
+            print_log(f'GPUMonitorHook: {why_not}: no amp/ figures.', logger='current')
+            return
+        self._skipped = _SkippedSteps(wrapper)
+        print_log('GPUMonitorHook: loss scaling is on: reporting amp/skipped_steps '
+                  '(loss-scale overflows) and amp/grad_scale.', logger='current')
 
     def after_train(self, runner) -> None:
         if self._nvml_device is not None:
             self._nvml_device.close()
             self._nvml_device = None
+        if self._skipped is not None:
+            self._skipped.close()
 
     @staticmethod
     def _cuda_device(runner) -> Optional[torch.device]:
@@ -300,6 +390,8 @@ class GPUMonitorHook(Hook):
         # already turns the loss tensors into floats (``.item()``) every iteration.
         self._iters += 1
         self._count_samples(data_batch)
+        if self._skipped is not None:
+            self._skipped.after_iter(runner)
         if self._device is not None and self._logger_resets_peak(runner, batch_idx):
             self._fold_peak()
         if self._is_report_iter(runner, batch_idx):
@@ -398,9 +490,25 @@ class GPUMonitorHook(Hook):
             worst_wait = spread.get('data_wait_share_max', worst_wait)
         for key, value in values.items():
             runner.message_hub.update_scalar(PREFIX + key, value)
+        if self._skipped is not None:
+            self._report_amp(runner)
         self._warn_if_starved(values, worst_wait, runner.iter + 1)
         self._reports += 1
         self._reset_window(now)
+
+    def _report_amp(self, runner) -> None:
+        figures, asked = self._skipped.figures()
+        for key, value in figures.items():
+            runner.message_hub.update_scalar(AMP_PREFIX + key, value)
+        if asked and figures['skipped_steps_interval'] == asked:
+            # The iteration makes the text unique (MMLogger drops repeated warnings).
+            print_log(
+                f'GPUMonitorHook: all {asked} optimizer steps up to iteration '
+                f'{runner.iter + 1} were skipped by loss scaling (inf/nan gradients), so '
+                f'no parameter changed; loss scale now {figures["grad_scale"]:g}. Use bf16 '
+                "(amp = dict(dtype='bfloat16' or 'auto')) or a smaller initial scale "
+                "(amp.loss_scale=dict(init_scale=...)); see docs/monitoring.md.",
+                logger='current', level=logging.WARNING)
 
     def _across_ranks(self, values: Dict[str, float]) -> Dict[str, float]:
         """Min / max over ranks with one all_gather of a few floats (NaN = not known)."""

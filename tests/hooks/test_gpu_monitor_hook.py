@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.multiprocessing as mp
+from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hook)
@@ -284,3 +285,108 @@ def test_no_cuda_sync_in_the_hook(tmp_path):
         runner.register_hook(hook)
     runner.train()
     assert 'train/gpu_mem_peak_mb' in runner.message_hub.log_scalars
+
+
+# ------------------------------------------------------- AMP: skipped optimizer steps
+SKIPPED_MESSAGE = 'were skipped by loss scaling'
+
+
+class InfAt(ToyDataset):
+    """ToyDataset whose samples ``bad`` have infinite inputs: inf loss, inf gradients."""
+
+    def __init__(self, bad, **kwargs):
+        super().__init__(**kwargs)
+        self.bad = set(bad)
+
+    def __getitem__(self, idx: int) -> dict:
+        sample = super().__getitem__(idx)
+        if idx in self.bad:
+            sample['inputs'] = torch.full_like(sample['inputs'], float('inf'))
+        return sample
+
+
+class RealScaler(Hook):
+    """Gives the AmpOptimWrapper a real, enabled GradScaler before the monitor attaches.
+
+    On this CPU machine compat/amp_cpu.py builds AmpOptimWrapper with loss scaling off;
+    torch's CPU GradScaler runs the same scale / unscale / skip / update code as CUDA's.
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, static=None, **scaler_kwargs):
+        self.static = static  # mmengine's loss_scale=<float>: update() resets to it
+        self.kwargs = scaler_kwargs
+
+    def before_train(self, runner):
+        device = 'cuda' if torch.cuda.is_available() else 'cpu'
+        runner.optim_wrapper.loss_scaler = torch.amp.GradScaler(device, **self.kwargs)
+        runner.optim_wrapper._scale_update_param = self.static
+
+
+def _amp_runner(tmp_path, bad, accumulation=1, max_iters=8, scaler=None, **hook):
+    runner = _runner(tmp_path, dataset=InfAt(bad, length=16), max_iters=max_iters,
+                     batch_size=2, log_interval=4,
+                     hook=dict(type='GPUMonitorHook', **hook),
+                     optim_wrapper=dict(type='AmpOptimWrapper', accumulative_counts=
+                                        accumulation, optimizer=dict(type='SGD', lr=0.1)))
+    runner.register_hook(RealScaler(**(scaler or dict(init_scale=4.0,
+                                                      growth_interval=1000))))
+    return runner
+
+
+def _amp_series(runner, key):
+    return [float(v) for v in runner.message_hub.get_scalar(f'train/amp/{key}').data[0]]
+
+
+@pytest.mark.parametrize('accumulation, bad, skipped, in_interval, scales', [
+    # iterations 0-7, batch 2: samples 4-5 are iteration 2 (report after iteration 4)
+    (1, [4], [1, 1], [1, 0], [2.0, 2.0]),
+    # windows of 2 micro-batches: iteration 2 spoils the window 2-3; 6 -> window 6-7
+    (2, [4, 13], [1, 2], [1, 1], [2.0, 1.0]),
+])
+def test_skipped_steps_counted_from_real_overflows(tmp_path, accumulation, bad, skipped,
+                                                   in_interval, scales):
+    runner = _amp_runner(tmp_path, bad, accumulation=accumulation)
+    runner.train()
+    assert _amp_series(runner, 'skipped_steps') == skipped
+    assert _amp_series(runner, 'skipped_steps_interval') == in_interval
+    assert _amp_series(runner, 'grad_scale') == scales  # halved at each overflow
+    logged = [line for line in _json_lines(runner) if 'amp/skipped_steps' in line]
+    assert [line['amp/skipped_steps'] for line in logged] == skipped
+    assert [line['amp/grad_scale'] for line in logged] == scales  # not window-averaged
+    assert all(torch.isfinite(p).all() for p in runner.model.parameters())
+    assert SKIPPED_MESSAGE not in _log_text(runner)
+
+
+def test_static_loss_scale_skips_are_counted(tmp_path):
+    # A fixed scale (mmengine: loss_scale=512.) never changes, so only the step count
+    # can show the skips.
+    runner = _amp_runner(tmp_path, [0, 1, 2, 3], scaler=dict(init_scale=512.0,
+                                                            static=512.0))
+    runner.train()
+    assert _amp_series(runner, 'skipped_steps') == [2, 2]
+    assert _amp_series(runner, 'grad_scale') == [512.0, 512.0]
+
+
+def test_interval_with_every_step_skipped_warns(tmp_path):
+    runner = _amp_runner(tmp_path, range(8), max_iters=8)  # iterations 0-3 all inf
+    runner.train()
+    assert _amp_series(runner, 'skipped_steps') == [4, 4]
+    text = _log_text(runner)
+    assert text.count(SKIPPED_MESSAGE) == 1
+    assert 'all 4 optimizer steps up to iteration 4' in text
+
+
+def test_no_amp_figures_without_loss_scaling(tmp_path):
+    plain = _runner(tmp_path / 'plain', max_iters=4, log_interval=2)
+    plain.train()
+    assert not any(k.startswith('train/amp/') for k in plain.message_hub.log_scalars)
+    assert 'no AmpOptimWrapper (no loss scaling): no amp/ figures' in _log_text(plain)
+    off = _amp_runner(tmp_path / 'off', [4], scaler=dict(enabled=False), max_iters=4)
+    off.train()
+    assert not any(k.startswith('train/amp/') for k in off.message_hub.log_scalars)
+    assert "loss scaling is off" in _log_text(off)
+    muted = _amp_runner(tmp_path / 'muted', [4], amp=False, max_iters=4)
+    muted.train()
+    assert not any(k.startswith('train/amp/') for k in muted.message_hub.log_scalars)
