@@ -124,9 +124,12 @@ def test_echo_prints_the_same_text(capsys):
 def test_benchmark_plan_counts_every_run():
     args = argparse.Namespace(nproc=[1, 2, 4], nnodes=1, node_rank=0, comm_run=True,
                               repeats=2, profile_steps=1, independent=True,
-                              ddp_one=True, compare_stock='x.py')
+                              ddp_one=True, compare_stock='x.py',
+                              compare_stock_at='shipped')
     # (1 + 2 + 2) x 2 rounds, 3 profile, 2 independent, 1 DDP-one, 1 stock
     assert tracking.planned_runs(args) == 17
+    args.compare_stock_at = 'both'  # stock at equal settings, then as shipped
+    assert tracking.planned_runs(args) == 18
     args.comm_run, args.repeats, args.profile_steps = False, 1, 0
     args.independent = args.ddp_one = False
     args.compare_stock = None

@@ -29,8 +29,9 @@ def planned_runs(args: argparse.Namespace) -> int:
         runs += sum(1 for n in args.nproc if n > 1)
     if args.ddp_one:
         runs += 1
-    if args.compare_stock and args.node_rank == 0:  # node 0 alone runs it
-        runs += 1
+    if args.compare_stock and args.node_rank == 0:  # node 0 alone runs them
+        # --compare-stock-at both: the stock config at equal settings and as shipped
+        runs += 2 if getattr(args, 'compare_stock_at', 'shipped') == 'both' else 1
     return runs
 
 
