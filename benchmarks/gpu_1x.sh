@@ -21,8 +21,9 @@ python -m pytest -q -x tests/models/bevfusion/test_sparse_backends_cuda.py \
 
 # 4. BEVFusion LiDAR-camera, official sizes (900x1600 cameras -> 256x704), AMP,
 #    configs/bevfusion_1gpu.py under a 24 GiB cap, one epoch of synthetic data + eval.
-python tools/create_synthetic_data.py nuscenes --out data/nuscenes --train-frames 24 \
-  --val-frames 6 --full-res --workers 8 --no-progress 2>&1 | tail -3
+[ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
+  nuscenes --out data/nuscenes --train-frames 24 --val-frames 6 --full-res --workers 8 \
+  --no-progress 2>&1 | tail -3
 python - <<'PY' 2>&1 | tee "$OUT/bevfusion_1gpu.txt" | grep -vE "^\s*$" | tail -40
 import runpy, sys, torch
 total = torch.cuda.get_device_properties(0).total_memory

@@ -8,8 +8,8 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
 nvidia-smi --query-gpu=name,memory.total --format=csv | tee "$OUT/gpu.txt"
 python tools/create_synthetic_data.py nuscenes --out data/nuscenes --train-frames 16 \
   --val-frames 6 --full-res --workers 16 --no-progress --overwrite 2>&1 | tail -1
-python tools/create_synthetic_data.py kitti --out data/synthetic_kitti --train-frames 200 \
-  --val-frames 20 --no-progress 2>&1 | tail -1
+[ -f data/synthetic_kitti/kitti_infos_train.pkl ] || python tools/create_synthetic_data.py \
+  kitti --out data/synthetic_kitti --train-frames 200 --val-frames 20 --no-progress 2>&1 | tail -1
 
 # 1. configs/bevfusion_1gpu.py (official sizes, AMP, checkpointing) under a 24 GiB cap
 CUDA_VISIBLE_DEVICES=0 timeout ${BEVFUSION_TIMEOUT:-240} python - <<'PY' > "$OUT/bevfusion_1gpu.log" 2>&1

@@ -85,6 +85,11 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         'without the plugin on the same data and effective batch')
     p.add_argument('--compare-nproc', type=int, default=1,
                    help='GPU count of the stock comparison run (default 1)')
+    p.add_argument('--compare-stock-at', choices=('both', 'equal', 'shipped'),
+                   default='both',
+                   help="stock baseline settings: 'equal' = the plugin run's per-GPU batch, "
+                        "accumulation, precision and loader workers; 'shipped' = the stock "
+                        "config's own; 'both' (default) runs both, equal quoted first")
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override settings of the plugin config (key=value)')
     p.add_argument('--nnodes', type=int, default=1, help='nodes (multi-node form)')

@@ -44,44 +44,6 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def ensure_data(data_root: str, train_frames: int, val_frames: int, seed: int) -> float:
-    """Write synthetic KITTI data unless ``data_root`` already has it; seconds spent.
-
-    Data is generated only into an absent or empty folder, or one the generator wrote
-    before (its ``.synthetic_kitti`` marker is there, e.g. an interrupted run): never
-    over files of unknown origin, which may be a real dataset.
-
-    Raises:
-        TargetNotEmptyError: ``data_root`` lacks the demo's info files and holds
-            other files without the generator's marker.
-    """
-    from mmdet3d_scaling.datasets.synthetic.target import (TargetNotEmptyError,
-                                                           describe_entries, entries,
-                                                           synthetic_kind)
-    needed = ('kitti_infos_train.pkl', 'kitti_infos_val.pkl', 'kitti_dbinfos_train.pkl')
-    if all(osp.isfile(osp.join(data_root, f)) for f in needed):
-        kind = 'synthetic ' if synthetic_kind(data_root) == 'kitti' else ''
-        print(f'[demo] using the {kind}data in {data_root}')
-        return 0.0
-    names = entries(data_root)
-    if names and synthetic_kind(data_root) != 'kitti':
-        missing = [f for f in needed if not osp.isfile(osp.join(data_root, f))]
-        raise TargetNotEmptyError(
-            f'[demo] data_root {data_root!r} lacks {", ".join(missing)} but is not empty '
-            f'({describe_entries(names)}) and has no .synthetic_kitti marker, so it may '
-            'hold real data: the demo generates data only into an absent or empty folder '
-            'or one it generated before. Move the files away, or generate the data '
-            'yourself with `python tools/create_synthetic_data.py kitti --out '
-            f'{data_root.rstrip("/")} --overwrite` if the folder is yours to overwrite.')
-    from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
-    print(f'[demo] writing synthetic KITTI data to {data_root} '
-          f'({train_frames} train + {val_frames} val frames, seed {seed})')
-    start = time.perf_counter()
-    # overwrite only reaches a folder this generator wrote (the marker check above)
-    write_kitti(data_root, train_frames, val_frames, seed=seed, overwrite=bool(names))
-    return time.perf_counter() - start
-
-
 def set_iters(cfg, iters: int) -> None:
     """Retarget the iteration-based schedule of the demo config to ``iters``."""
     cfg.train_cfg.max_iters = iters
@@ -129,7 +91,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
     cfg.randomness = dict(seed=args.seed)
     # evaluate once, after training, through runner.test()
     cfg.val_dataloader = cfg.val_cfg = cfg.val_evaluator = None
-    data_gen_s = ensure_data(cfg.data_root, args.train_frames, args.val_frames, args.seed)
+    from mmdet3d_scaling.datasets.synthetic.kitti import ensure_kitti
+    data_gen_s = ensure_kitti(cfg.data_root, args.train_frames, args.val_frames, args.seed)
 
     t_train = time.perf_counter()
     runner = RUNNERS.build(cfg)  # runner_type='ScalingRunner' in the demo config
@@ -166,5 +129,5 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, float]:
 if __name__ == '__main__':
     try:
         main()
-    except FileExistsError as err:  # ensure_data refused data_root: the reason, no traceback
+    except FileExistsError as err:  # ensure_kitti refused data_root: the reason, no traceback
         sys.exit(str(err))

@@ -22,11 +22,22 @@ def _polygon_area(p):
     return 0.5 * abs(np.dot(p[:, 0], np.roll(p[:, 1], 1)) - np.dot(p[:, 1], np.roll(p[:, 0], 1)))
 
 
+def _cross_z(a, b):
+    """z of the cross product of two 2-vectors (numpy 2.5 removed 2-D np.cross)."""
+    return a[0] * b[1] - a[1] * b[0]
+
+
+def test_cross_z_is_the_3d_cross_products_z():
+    rng = np.random.default_rng(0)
+    for a, b in rng.normal(size=(20, 2, 2)):
+        assert _cross_z(a, b) == pytest.approx(np.cross(np.append(a, 0), np.append(b, 0))[2])
+
+
 def _clip(subject, clip):
     """Sutherland-Hodgman: convex polygon intersection (reference implementation)."""
     def inside(p, a, b):
         return (b[0] - a[0]) * (p[1] - a[1]) - (b[1] - a[1]) * (p[0] - a[0]) >= 0
-    if _polygon_area(clip) and np.cross(clip[1] - clip[0], clip[2] - clip[1]) < 0:
+    if _polygon_area(clip) and _cross_z(clip[1] - clip[0], clip[2] - clip[1]) < 0:
         clip = clip[::-1]
     out = list(subject)
     for i in range(len(clip)):

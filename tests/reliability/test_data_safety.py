@@ -7,7 +7,6 @@
 - ``tools/train.py`` names a zero-byte point file; ``tools/test.py`` names an empty info
   file (the preflight before the run, the ``info_files`` patch without the preflight).
 """
-import importlib.util
 import os
 import os.path as osp
 import subprocess
@@ -95,23 +94,16 @@ def test_demo_never_generates_over_foreign_files(tmp_path):
     assert not osp.exists(tmp_path / 'work')  # stopped before training
 
 
-def _demo_module():
-    spec = importlib.util.spec_from_file_location('demo_tool', osp.join(TOOLS, 'demo.py'))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_demo_generates_into_empty_or_its_own_folder(tmp_path):
-    demo = _demo_module()
+    from mmdet3d_scaling.datasets.synthetic.kitti import ensure_kitti
     empty = tmp_path / 'empty'
     empty.mkdir()
-    assert demo.ensure_data(str(empty), 1, 1, seed=0) > 0
+    assert ensure_kitti(str(empty), 1, 1, seed=0) > 0
     assert (empty / '.synthetic_kitti').is_file()
     os.remove(empty / 'kitti_infos_val.pkl')  # an interrupted earlier run
-    assert demo.ensure_data(str(empty), 1, 1, seed=0) > 0  # its own folder: regenerated
+    assert ensure_kitti(str(empty), 1, 1, seed=0) > 0  # its own folder: regenerated
     stamp = os.stat(empty / 'kitti_infos_val.pkl').st_mtime_ns
-    assert demo.ensure_data(str(empty), 1, 1, seed=0) == 0.0  # complete: reused as is
+    assert ensure_kitti(str(empty), 1, 1, seed=0) == 0.0  # complete: reused as is
     assert os.stat(empty / 'kitti_infos_val.pkl').st_mtime_ns == stamp
 
 

@@ -1,6 +1,7 @@
 # KITTI 3D detection, three classes, LiDAR only (mmdet3d 1.4 info format v1.1).
-# `python tools/create_synthetic_data.py kitti --out data/kitti` writes a synthetic
-# dataset in this layout; the real one comes from mmdet3d's tools/create_data.py.
+# The real dataset comes from mmdet3d's tools/create_data.py. A synthetic one in this
+# layout: `python tools/create_synthetic_data.py kitti --out data/synthetic_kitti`, then
+# point data_root at it (docs/synthetic_data.md; the generator refuses non-empty folders).
 dataset_type = 'KittiDataset'
 data_root = 'data/kitti/'
 class_names = ['Pedestrian', 'Cyclist', 'Car']

@@ -21,6 +21,7 @@ from the small info dicts).
 """
 import os
 import os.path as osp
+import time
 import pickle
 from dataclasses import dataclass
 from typing import Dict, List, Tuple
@@ -336,3 +337,38 @@ def write_kitti(out_dir: str, train_frames: int, val_frames: int, seed: int = 0,
           osp.join(out_dir, 'kitti_infos_trainval.pkl'))
     _dump(db.infos, osp.join(out_dir, 'kitti_dbinfos_train.pkl'))
     return dict(train_frames=train_frames, val_frames=val_frames, objects=counts)
+
+
+def ensure_kitti(data_root: str, train_frames: int, val_frames: int, seed: int) -> float:
+    """Write synthetic KITTI data unless ``data_root`` already has it; seconds spent.
+
+    Data is generated only into an absent or empty folder, or one the generator wrote
+    before (its ``.synthetic_kitti`` marker is there, e.g. an interrupted run): never
+    over files of unknown origin, which may be a real dataset.
+
+    Raises:
+        TargetNotEmptyError: ``data_root`` lacks the demo's info files and holds
+            other files without the generator's marker.
+    """
+    from .target import TargetNotEmptyError, describe_entries, entries, synthetic_kind
+    needed = ('kitti_infos_train.pkl', 'kitti_infos_val.pkl', 'kitti_dbinfos_train.pkl')
+    if all(osp.isfile(osp.join(data_root, f)) for f in needed):
+        kind = 'synthetic ' if synthetic_kind(data_root) == 'kitti' else ''
+        print(f'[demo] using the {kind}data in {data_root}')
+        return 0.0
+    names = entries(data_root)
+    if names and synthetic_kind(data_root) != 'kitti':
+        missing = [f for f in needed if not osp.isfile(osp.join(data_root, f))]
+        raise TargetNotEmptyError(
+            f'[demo] data_root {data_root!r} lacks {", ".join(missing)} but is not empty '
+            f'({describe_entries(names)}) and has no .synthetic_kitti marker, so it may '
+            'hold real data: the demo generates data only into an absent or empty folder '
+            'or one it generated before. Move the files away, or generate the data '
+            'yourself with `python tools/create_synthetic_data.py kitti --out '
+            f'{data_root.rstrip("/")} --overwrite` if the folder is yours to overwrite.')
+    print(f'[demo] writing synthetic KITTI data to {data_root} '
+          f'({train_frames} train + {val_frames} val frames, seed {seed})')
+    start = time.perf_counter()
+    # overwrite only reaches a folder this generator wrote (the marker check above)
+    write_kitti(data_root, train_frames, val_frames, seed=seed, overwrite=bool(names))
+    return time.perf_counter() - start

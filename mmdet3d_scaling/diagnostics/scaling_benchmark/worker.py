@@ -407,6 +407,14 @@ def _stock_config(spec: Dict[str, Any]) -> Any:
     cfg.train_dataloader.batch_size = spec['per_gpu_batch']
     if spec['accumulation'] > 1:
         cfg.optim_wrapper.accumulative_counts = spec['accumulation']
+    if spec.get('stock_settings') == 'equal':  # the plugin run's precision and loader
+        if spec.get('num_workers') is not None:
+            cfg.train_dataloader.num_workers = spec['num_workers']
+            cfg.train_dataloader.persistent_workers = spec['num_workers'] > 0
+        cfg.setdefault('env_cfg', {})['cudnn_benchmark'] = spec.get('cudnn_benchmark', False)
+        if spec.get('float32_matmul_precision'):
+            import torch
+            torch.set_float32_matmul_precision(spec['float32_matmul_precision'])
     return cfg
 
 
