@@ -5,6 +5,7 @@
 #   bash benchmarks/gpu_1x_checks.sh patches   # import snapshot + speed-patch CUDA tests +
 #                                              # KITTI eval on this numpy with / without the fix
 #   bash benchmarks/gpu_1x_checks.sh pv_rcnn   # PV-RCNN 1 GPU: speed set on vs off, same settings
+#   bash benchmarks/gpu_1x_checks.sh pv_rcnn_vs_stock  # plugin vs stock mmdet3d, equal settings + as shipped
 #   bash benchmarks/gpu_1x_checks.sh bevfusion_amp  # BEVFusion 1 GPU from scratch, 24 GiB:
 #                                              # fp32 / fp16 / bf16 -> bevfusion_1gpu_amp_*.json
 set -uo pipefail
@@ -78,6 +79,18 @@ bevfusion_amp)
     --budget-s ${AMP_BUDGET_S:-100000} --cap-gib 24 --out-dir "$OUT" \
     > "$OUT/bevfusion_amp.txt" 2>&1
   grep -E "^== |memory cap|amp dtype|Error|skipped by loss scaling" "$OUT/bevfusion_amp.txt" | tail -20
+  ;;
+pv_rcnn_vs_stock)
+  kitti 200
+  # the plugin config against stock mmdet3d's PV-RCNN on the same data and effective
+  # batch: at the plugin run's batch / precision / workers (quoted first) and as shipped
+  timeout ${PV_RCNN_TIMEOUT:-560} python tools/benchmark_scaling.py \
+    configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run --out work_dirs/vs_stock \
+    --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2} 2>&1 | tail -12 \
+    | tee "$OUT/pv_rcnn_vs_stock.txt"
+  cp work_dirs/vs_stock/scaling.json "$OUT/pv_rcnn_1gpu_vs_stock_equal_and_shipped_h200.json"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
