@@ -3,7 +3,8 @@
 #
 #   bash tools/check_install.sh [--keep]     # --keep: leave the temp folder for a look
 #
-# About 6 min on 2 cores once mmcv's wheel is in pip's cache (.ci/run builds it first).
+# 7 to 9.5 min on 2 shared cores once mmcv's wheel is in pip's cache (.ci/run builds it
+# first); about 5 of them install the new venv's torch, mmcv and requirements.
 #
 # 1. build the sdist, then the wheel from that sdist (`python -m build --no-isolation`);
 # 2. install the wheel into a fresh virtualenv in a temp folder outside the checkout,
@@ -11,7 +12,7 @@
 #    from pip's wheel cache once built, requirements/*.txt, the wheel with --no-deps);
 # 3. from a folder outside the checkout: mmdet3d_scaling imports from that venv, its
 #    .mim holds configs/ and tools/ as plain files, and `mmdet3d_scaling::` resolves
-#    (mmengine.hub.get_config and a user config's `_base_`);
+#    (mmengine.hub.get_config of every config there, and a user config's `_base_`);
 # 4. generate a tiny synthetic KITTI set with the installed tools, and train one CPU
 #    step of the demo config through a user config inheriting
 #    `mmdet3d_scaling::demo/pointpillars_synthetic_kitti_cpu.py`, with the installed
@@ -87,6 +88,10 @@ demo = os.path.join(mim, 'configs', 'demo', 'pointpillars_synthetic_kitti_cpu.py
 assert get_config('mmdet3d_scaling::demo/pointpillars_synthetic_kitti_cpu.py').filename == demo
 inherited = get_config('mmdet3d_scaling::pv_rcnn/pv_rcnn_1xb2-80e_kitti-3d-3class.py')
 assert inherited.model.type == 'PointVoxelRCNN'  # through mmdet3d:: and ./ bases
+configs = os.path.join(mim, 'configs')
+for root, _, files in os.walk(configs):  # every config parses from the installed copy
+    for name in sorted(f for f in files if f.endswith('.py')):
+        get_config('mmdet3d_scaling::' + os.path.relpath(os.path.join(root, name), configs))
 assert Config.fromfile('user_cfg.py').model.type == 'VoxelNet'
 print(pkg)
 EOF
