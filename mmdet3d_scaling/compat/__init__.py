@@ -13,6 +13,7 @@ print(c.patching.table())"`` lists them; ``docs/compat.md`` explains each one.
 | nuscenes_metric        | fixes | ``NuScenesMetric._evaluate_single``                    |
 | numpy_removed_apis     | fixes | numpy >= 2.5 removals used by mmdet3d's KITTI eval     |
 | runner_handoff         | fixes | ``Runner.from_cfg`` (configs with plugin keys)         |
+| config_scope           | fixes | ``Config._get_cfg_path``, mmengine.hub's package lookup |
 | spconv_cpu             | cpu   | spconv's CUDA stream lookup, CPU sparse-conv dtype     |
 | amp_cpu                | cpu   | ``AmpOptimWrapper.__init__`` / ``optim_context``       |
 | dist_cpu               | cpu   | mmengine's ``_init_dist_*`` (no ``cuda.set_device``)   |
@@ -32,6 +33,7 @@ from . import patching  # noqa: E402
 from . import checkpoint, point_loading, nuscenes_metric, numpy_removed_apis  # noqa: E402,F401,E501
 from . import info_files  # noqa: E402,F401
 from . import runner_handoff  # noqa: E402,F401
+from . import config_scope  # noqa: E402,F401
 # cpu
 from . import spconv_cpu, amp_cpu, dist_cpu, kitti_eval_cpu, point_ops_cpu  # noqa: E402,F401,E501
 # speed (grouping_backward after point_ops_cpu: it wraps whatever grouping is bound)
