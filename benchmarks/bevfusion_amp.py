@@ -162,7 +162,7 @@ def run(precision: str, args) -> Dict[str, object]:
         torch=torch.__version__, memory_cap_gib=args.cap_gib,
         optim_wrapper=type(wrapper).__name__,
         autocast_dtype=str(getattr(wrapper, 'cast_dtype', None)),
-        loss_scale=cfg.optim_wrapper.get('loss_scale'),
+        amp=cfg.get('amp'),  # what the run asked for (prepare_config works on a copy)
         loss_scaling_on=bool(scaler is not None and scaler.is_enabled()),
         skipped_steps=int(skipped[-1]) if skipped else 0,
         grad_scale=_history(runner, 'train/amp/grad_scale'),

@@ -69,8 +69,9 @@ bevfusion_amp)
   # from scratch under a 24 GiB cap, one run per precision in one process: fp16 and bf16
   # as amp=dict(dtype='auto') resolves them without / with native bf16. Each run stops
   # after AMP_ITERS micro-batches or at the first optimizer step after AMP_BUDGET_S s of
-  # training. Defaults (304 each) take about 3 x (startup + 304 micro-batches); to fit one
-  # 10-minute device command: AMP_BUDGET_S=95.
+  # training. On one H200: ~0.46 s a micro-batch, ~30 s start-up a run, so 304 micro-
+  # batches for all three take ~10 min: in one 10-minute device command use
+  # AMP_BUDGET_S=90 (208 each, as in docs/data), or AMP_PRECISIONS=fp16,bf16 then fp32.
   [ -f data/nuscenes/nuscenes_infos_train.pkl ] || python tools/create_synthetic_data.py \
     nuscenes --out data/nuscenes --train-frames 24 --val-frames 2 --full-res --workers 8 \
     --no-progress 2>&1 | tail -1

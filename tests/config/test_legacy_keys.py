@@ -4,6 +4,8 @@ Unit tests of the config steps, then the stock tool path: ``Runner.from_cfg`` af
 ``import mmdet3d_scaling`` (what mmdet3d's tools/train.py does), and our
 ``tools/train.py --amp`` on this CPU-only machine.
 """
+from pathlib import Path
+
 import torch
 import pytest
 from mmengine.config import Config
@@ -14,7 +16,10 @@ from mmengine.runner import Runner
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.compat import amp_cpu
 from mmdet3d_scaling.config.preparation import prepare_config
-from mmdet3d_scaling.config.legacy_keys import (ConfigConflictError,
+from mmdet3d_scaling.config.legacy_keys import (AUTO_FP16_LOSS_SCALE,
+                                                  ConfigConflictError,
+                                                  cuda_bf16_supported,
+                                                  resolve_auto_amp,
                                                   translate_amp_config,
                                                   translate_optimizer_config)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import \
@@ -134,6 +139,67 @@ def test_amp_conflicts_are_errors():
         translate_amp_config(cfg)
     with pytest.raises(ValueError, match="'float8'"):
         translate_amp_config(cfg_of(amp=dict(dtype='float8')))
+
+
+# ------------------------------------------------------------- amp dtype='auto'
+def test_auto_resolution_for_either_device():
+    assert resolve_auto_amp(True) == dict(dtype='bfloat16',
+                                          loss_scale=dict(enabled=False))
+    assert resolve_auto_amp(True, loss_scale=512) == resolve_auto_amp(True)
+    fp16 = resolve_auto_amp(False)
+    assert fp16 == dict(dtype='float16', loss_scale=AUTO_FP16_LOSS_SCALE)
+    # the first steps must not overflow fp16 with losses of ~2**13 (BEVFusion)
+    assert fp16['loss_scale']['init_scale'] * 2 ** 13 <= 2 ** 16
+    assert resolve_auto_amp(False, loss_scale=64) == dict(dtype='float16',
+                                                          loss_scale=64.0)
+    with pytest.raises(ValueError, match="amp.loss_scale.*'huge'"):
+        resolve_auto_amp(False, loss_scale='huge')
+
+
+def test_auto_on_this_machine_is_resolved_and_logged(capsys):
+    native, reason = cuda_bf16_supported()
+    if not torch.cuda.is_available():
+        assert (native, reason) == (False, 'no CUDA device')
+    else:  # pre-Ampere GPUs emulate bf16: is_bf16_supported() alone would say True
+        major = torch.cuda.get_device_capability()[0]
+        assert native == (major >= 8 or bool(torch.version.hip))
+    cfg = translate_amp_config(cfg_of(amp=dict(dtype='auto')))
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert {k: cfg.optim_wrapper[k] for k in ('dtype', 'loss_scale')} == \
+        resolve_auto_amp(native)
+    assert 'amp' not in cfg
+    assert "amp dtype='auto': " + reason in capsys.readouterr().out
+
+
+def test_auto_conflicts_and_bad_dtype_name_the_values():
+    cfg = cfg_of(amp=dict(dtype='auto'))
+    cfg.optim_wrapper.update(type='AmpOptimWrapper', loss_scale='dynamic')
+    with pytest.raises(ConfigConflictError, match='dynamic'):
+        translate_amp_config(cfg)
+    with pytest.raises(ValueError, match="'auto'.*'fp16'"):
+        translate_amp_config(cfg_of(amp=dict(dtype='fp16')))
+
+
+def test_bevfusion_1gpu_recipe_uses_auto(tmp_path):
+    cfg = Config.fromfile(str(Path(__file__).resolve().parents[2] / 'configs'
+                                 / 'bevfusion_1gpu.py'))
+    assert cfg.amp == dict(dtype='auto')
+    cfg.preflight = dict(check_data=False)
+    cfg = prepare_config(cfg)
+    native, _ = cuda_bf16_supported()
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.dtype == resolve_auto_amp(native)['dtype']
+    assert cfg.optim_wrapper.accumulative_counts == 16
+
+
+def test_auto_trains_through_runner_on_this_machine(tmp_path):
+    runner = Runner.from_cfg(toy_config(tmp_path, amp=dict(dtype='auto')))
+    runner.train()
+    assert isinstance(runner.optim_wrapper, AmpOptimWrapper)
+    if not amp_cpu.accelerator_available():  # compat/amp_cpu.py: bf16, scaling off
+        assert runner.optim_wrapper.cast_dtype == torch.bfloat16
+        assert not runner.optim_wrapper.loss_scaler.is_enabled()
+    assert counter(runner).changed == list(range(1, 8))  # every step updates
 
 
 # -------------------------------------------------------- through Runner.from_cfg
