@@ -33,7 +33,9 @@ def variant(gpus: int) -> str:
 
 
 def prepared(path: str, world_size: int) -> Config:
+    from mmdet3d_scaling.config.legacy_keys import translate_amp_config
     cfg = Config.fromfile(path)
+    translate_amp_config(cfg)  # amp = dict(dtype='auto') -> AmpOptimWrapper settings
     return apply_scaling_recipe(cfg, world_size)
 
 
@@ -77,7 +79,10 @@ def test_one_gpu_config_is_the_official_recipe_with_memory_savers():
     assert cfg.train_dataloader.batch_size == 2
     assert cfg.optim_wrapper.accumulative_counts == 16
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
-    assert cfg.optim_wrapper.loss_scale == 'dynamic'
+    # amp = dict(dtype='auto'): bf16 where the GPU has it natively, else fp16 from 2**3
+    from mmdet3d_scaling.config.legacy_keys import cuda_bf16_supported, resolve_auto_amp
+    assert cfg.optim_wrapper.loss_scale == resolve_auto_amp(
+        cuda_bf16_supported()[0])['loss_scale']
     assert cfg.model.img_backbone.with_cp and cfg.model.img_neck.with_cp
     assert cfg.model.view_transform.with_cp and cfg.model.view_transform.memory_efficient
     assert_official_recipe(cfg)
