@@ -212,7 +212,7 @@ def _bench(root, out, *extra) -> int:
          'test_dataloader.persistent_workers=False', *extra])
 
 
-def test_two_arrangements_end_to_end(tiny_kitti, tmp_path):
+def test_two_arrangements_end_to_end(tiny_kitti, tmp_path, capsys):
     out = tmp_path / 'out'
     assert _bench(tiny_kitti, out, '--only', '1proc_b1_acc4,1proc_b4') == 0
     report = json.loads((out / 'parity.json').read_text())
@@ -233,6 +233,12 @@ def test_two_arrangements_end_to_end(tiny_kitti, tmp_path):
         assert report['summary'][name]['metrics']['3D_AP40_moderate']['n'] == 1
     assert (out / 'parity.png').stat().st_size > 0
     assert report['total_batch'] == 4 and report['iters'] == 2
+    # a second call reuses the finished runs instead of training again
+    assert _bench(tiny_kitti, out, '--only', '1proc_b1_acc4,1proc_b4') == 0
+    assert 'reusing the finished run' in capsys.readouterr().out
+    again = json.loads((out / 'parity.json').read_text())
+    assert [r['train_wall_s'] for r in again['runs']] == [
+        r['train_wall_s'] for r in report['runs']]
 
 
 def test_a_failed_run_is_recorded_and_the_tool_exits_1(tiny_kitti, tmp_path):
