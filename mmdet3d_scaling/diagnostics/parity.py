@@ -25,7 +25,6 @@ every loop iteration; a point is the mean loss over one optimizer step's micro-b
 each step's samples and is noisier, not biased.
 """
 import json
-import math
 import os
 import os.path as osp
 import shlex
@@ -575,15 +574,9 @@ def write_report(path: str, header: Dict[str, Any], records: Sequence[Dict[str, 
     os.makedirs(osp.dirname(osp.abspath(path)), exist_ok=True)
     tmp = path + '.tmp'
     with open(tmp, 'w') as f:
-        json.dump(report, f, indent=1, default=_json_default)
+        json.dump(report, f, indent=1)
     os.replace(tmp, path)
     return report
-
-
-def _json_default(value: Any) -> Any:
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    raise TypeError(f'not JSON serialisable: {value!r}')
 
 
 @dataclass
