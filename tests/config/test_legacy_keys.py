@@ -157,6 +157,10 @@ def test_auto_resolution_for_either_device():
 
 
 def test_auto_on_this_machine_is_resolved_and_logged(capsys):
+    from mmengine.logging import MMLogger
+    # the current logger: an INFO one created here (an earlier test's runner may have
+    # left a WARNING logger current)
+    MMLogger.get_instance('auto_amp_test', log_level='INFO')
     native, reason = cuda_bf16_supported()
     if not torch.cuda.is_available():
         assert (native, reason) == (False, 'no CUDA device')
