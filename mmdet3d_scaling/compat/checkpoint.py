@@ -21,7 +21,7 @@ There is deliberately no switch that trusts every file.
 import os
 import os.path as osp
 import pickle
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Iterable, List, Optional
 
 import torch
 

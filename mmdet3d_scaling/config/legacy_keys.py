@@ -71,14 +71,6 @@ def _optim_wrapper(cfg: Config, why: str) -> ConfigDict:
     return wrapper
 
 
-def _count(value: Any, where: str) -> int:
-    return positive_int(where, value)
-
-
-def _conflict(what: str, sources: List[Tuple[str, Any]]) -> None:
-    merge(what, sources)
-
-
 # --------------------------------------------------------------- accumulation
 def _hook_entries(cfg: Config) -> List[dict]:
     return [h for h in cfg.get('custom_hooks') or []
@@ -115,8 +107,8 @@ def _pop_legacy_optimizer_config(cfg: Config) -> Tuple[Optional[int], Optional[d
     if 'cumulative_iters' in legacy and not accumulates:
         raise ValueError(f'optimizer_config: {kind} does not take cumulative_iters; '
                          f"use type='GradientCumulativeOptimizerHook'.")
-    count = _count(legacy.get('cumulative_iters', 1),
-                         'optimizer_config.cumulative_iters') if accumulates else None
+    count = positive_int('optimizer_config.cumulative_iters',
+                         legacy.get('cumulative_iters', 1)) if accumulates else None
     loss_scale = legacy.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE) if fp16 else None
     if 'loss_scale' in legacy and not fp16:
         raise ValueError(f'optimizer_config: {kind} does not take loss_scale; use '
@@ -128,8 +120,8 @@ def _set_clip_grad(cfg: Config, clip: dict, place: str) -> None:
     wrapper = _optim_wrapper(cfg, place)
     current = wrapper.get('clip_grad')
     if current is not None:
-        _conflict('gradient clipping', [('optim_wrapper.clip_grad', dict(current)),
-                                         (place, dict(clip))])
+        merge('gradient clipping', [('optim_wrapper.clip_grad', dict(current)),
+                                    (place, dict(clip))])
     wrapper['clip_grad'] = dict(clip)
 
 
@@ -149,16 +141,16 @@ def translate_optimizer_config(cfg: Config) -> Config:
         sources.append(('optimizer_config.cumulative_iters', count))
     for hook in hooks:
         sources.append((f'custom_hooks {HOOK_TYPE}.cumulative_iters',
-                        _count(hook.get('cumulative_iters', 1),
-                                     f'{HOOK_TYPE}.cumulative_iters')))
+                        positive_int(f'{HOOK_TYPE}.cumulative_iters',
+                                     hook.get('cumulative_iters', 1))))
     wrapper = cfg.get('optim_wrapper')
     if isinstance(wrapper, dict) and 'accumulative_counts' in wrapper:
-        sources.append(('optim_wrapper.accumulative_counts', _count(
-            wrapper['accumulative_counts'], 'optim_wrapper.accumulative_counts')))
+        sources.append(('optim_wrapper.accumulative_counts', positive_int(
+            'optim_wrapper.accumulative_counts', wrapper['accumulative_counts'])))
     derived = _scaling_accumulation(cfg) if sources else None
     if derived is not None:
         sources.append(('scaling (derived accumulation)', derived))
-    _conflict('gradient accumulation counts', sources)
+    merge('gradient accumulation counts', sources)
 
     if grad_clip is not None:
         _set_clip_grad(cfg, grad_clip, 'optimizer_config.grad_clip')
@@ -237,8 +229,8 @@ def _merge_legacy_fp16(cfg: Config, loss_scale: Any) -> None:
     legacy = _check_loss_scale(loss_scale, 'optimizer_config.loss_scale')
     current = _check_loss_scale(fp16.get('loss_scale', MMCV_DEFAULT_LOSS_SCALE),
                                 'fp16.loss_scale')
-    _conflict('fp16 loss_scale', [('optimizer_config.loss_scale', legacy),
-                                  ('fp16.loss_scale', current)])
+    merge('fp16 loss_scale', [('optimizer_config.loss_scale', legacy),
+                              ('fp16.loss_scale', current)])
 
 
 def cuda_bf16_supported() -> Tuple[bool, str]:
@@ -323,7 +315,7 @@ def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
                 amp.get('loss_scale', 'dynamic'), 'amp.loss_scale'))))
     if not requests:
         return None
-    _conflict('mixed-precision settings', requests)
+    merge('mixed-precision settings', requests)
     return requests[0]
 
 
@@ -351,8 +343,8 @@ def translate_amp_config(cfg: Config) -> Config:
             if key in wrapper and wrapper[key] is not None:
                 current = (_check_loss_scale(wrapper[key], f'optim_wrapper.{key}')
                            if key == 'loss_scale' else wrapper[key])
-                _conflict(f'AMP {key}', [(f'optim_wrapper.{key}', current),
-                                         (f'{source}.{key}', value)])
+                merge(f'AMP {key}', [(f'optim_wrapper.{key}', current),
+                                     (f'{source}.{key}', value)])
     wrapper['type'] = 'AmpOptimWrapper'
     for key, value in wanted.items():
         wrapper[key] = copy.deepcopy(value)

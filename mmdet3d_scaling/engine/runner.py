@@ -31,7 +31,9 @@ from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
 from ..config.scaling_recipe import ScalingPlan, apply_plan, format_plan, recorded_plan
 from ..registry import check_replaced_types
+from . import checkpoint_match as match
 from .optim_state import reset_to_initial, scale_lr, set_accumulation
+from .work_dir_lock import run_locked
 
 
 def _select_patches(cfg: Config) -> List[str]:
@@ -78,11 +80,9 @@ class ScalingRunner(Runner):
         if self._val_dataloader is not None and self.cfg.get('val_cfg') is not None:
             loaders.append('val_dataloader')
         self._preflight(*loaders)
-        # -- work-dir lock (issue 19): rank 0 holds WORK_DIR/.train.lock while training;
-        # a second live run in this work dir is refused (engine/work_dir_lock.py).
-        from .work_dir_lock import run_locked
+        # rank 0 holds WORK_DIR/.train.lock while training: a second live run there is
+        # refused (engine/work_dir_lock.py)
         return run_locked(super().train, self.work_dir, self.rank, self.distributed)
-        # -- end work-dir lock
 
     def val(self) -> Dict[str, Any]:
         self._preflight('val_dataloader')
@@ -92,7 +92,7 @@ class ScalingRunner(Runner):
         self._preflight('test_dataloader')
         return super().test()
 
-    # ------------------------------------- checkpoint matching (issue 19, resume_strict)
+    # ------------------------------------------ checkpoint matching (resume_strict)
     # --resume and evaluation refuse a checkpoint that does not fit the model unless
     # resume_strict=False; load_from for training (fine-tuning) loads leniently and logs
     # a summary. See engine/checkpoint_match.py and docs/scaling_guide.md.
@@ -120,7 +120,6 @@ class ScalingRunner(Runner):
         if purpose is None:
             return super().load_checkpoint(filename, map_location, strict, revise_keys)
         from mmengine.runner.checkpoint import _load_checkpoint, _load_checkpoint_to_model
-        from . import checkpoint_match as match
         strict_keys = match.strict_setting(self.cfg)
         checkpoint = _load_checkpoint(filename, map_location=map_location)
         report = match.compare(self.model, match.checkpoint_weights(checkpoint,
