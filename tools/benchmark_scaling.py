@@ -56,6 +56,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--warmup-iters', type=int, default=0,
                    help='and at least this many loop iterations (micro-batches) a process: '
                         'runs whose accumulation differs then warm up alike (default 0)')
+    p.add_argument('--threads', type=int, default=1,
+                   help="torch intra-op threads of every training process, plugin and "
+                        "stock alike, set before its first step (default 1, torchrun's "
+                        'default per rank)')
     p.add_argument('--out', default='work_dirs/benchmark_scaling', help='output folder')
     p.add_argument('--no-comm-run', dest='comm_run', action='store_false',
                    help='skip the second run per N with DDP communication disabled')
@@ -107,7 +111,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help='no progress bars (runs done, iterations of the current run, '
                         'ETA); they go to stderr, and only when stderr is a terminal')
     args = p.parse_args(argv)
-    for name, least in (('iters', 1), ('warmup', 0), ('warmup_iters', 0),
+    for name, least in (('iters', 1), ('warmup', 0), ('warmup_iters', 0), ('threads', 1),
                         ('profile_steps', 0), ('repeats', 1)):
         if getattr(args, name) < least:
             p.error(f'--{name.replace("_", "-")} must be >= {least}, '

@@ -326,6 +326,8 @@ def test_stock_comparison_at_equal_settings_and_as_shipped(tmp_path, data_root):
         assert 'mmdet3d_scaling' not in (tmp_path / name / 'run.log').read_text()
     rows = json.loads((tmp_path / 'scaling.json').read_text())['rows']
     plugin, equal_row, shipped_row = rows
+    # --threads (default 1) holds in every run, whatever OMP_NUM_THREADS the CPU launch set
+    assert [h['intra_op_threads'] for r in rows for h in r['host']] == [1, 1, 1]
     assert (plugin['per_gpu_batch'], plugin['accumulation']) == (2, 3)
     assert equal_row['label'].startswith('stock@equal:pointpillars_hv_secfpn_8xb6')
     assert shipped_row['label'].startswith('stock@shipped:pointpillars_hv_secfpn_8xb6')

@@ -74,7 +74,8 @@ def run_benchmark(args: argparse.Namespace) -> Dict[str, Any]:
         return {}
     result = dict(version=RESULT_VERSION, config=args.config, nproc=args.nproc,
                   nnodes=args.nnodes, devices=args.devices, warmup_steps=args.warmup,
-                  warmup_iters=args.warmup_iters, repeats=args.repeats,
+                  warmup_iters=args.warmup_iters, intra_op_threads=args.threads,
+                  repeats=args.repeats,
                   steps=args.iters, command=' '.join(sys.argv), rows=rows,
                   created=time.strftime('%Y-%m-%d %H:%M:%S'))
     write_outputs(result, args.out)
@@ -86,7 +87,7 @@ def make_runs(args: argparse.Namespace) -> Optional[List[Dict[str, Any]]]:
     label = os.path.splitext(os.path.basename(args.config))[0]
     base = dict(config=os.path.abspath(args.config), cfg_options=args.cfg_options or {},
                 warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
-                plugin=True,
+                intra_op_threads=args.threads, plugin=True,
                 gpu_monitor=not args.no_gpu_monitor)
     runs: Dict[int, List[Dict[str, Any]]] = {}
     for r in range(args.repeats):

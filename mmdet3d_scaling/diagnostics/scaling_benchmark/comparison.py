@@ -10,8 +10,8 @@ Two baselines (``--compare-stock-at``):
 - ``shipped``: the stock per-GPU batch (accumulation reaches the same effective batch),
   the stock config's precision settings and loader workers.
 
-Warm-up, measured steps, threads (one intra-op thread a process, torchrun's default) and
-the data are the same in every run.
+Warm-up, measured steps, torch's intra-op threads (``--threads``, default 1, set by the
+worker before the first step of every run) and the data are the same in every run.
 """
 import argparse
 import os
@@ -53,7 +53,8 @@ def _stock_spec(args: argparse.Namespace, ref: Dict[str, Any], path: str, mode: 
     spec = dict(config=path, data_from=os.path.abspath(args.config),
                 data_cfg_options=args.cfg_options or {}, cfg_options={},
                 warmup=args.warmup, warmup_iters=args.warmup_iters, iters=args.iters,
-                plugin=False, label=label, comm='on', stock_settings=mode,
+                intra_op_threads=args.threads, plugin=False, label=label, comm='on',
+                stock_settings=mode,
                 work_dir=work, result=os.path.join(work, 'result.json'))
     if mode == 'equal':
         spec.update(per_gpu_batch=ref['per_gpu_batch'], accumulation=ref['accumulation'],

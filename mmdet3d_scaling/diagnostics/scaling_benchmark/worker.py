@@ -8,7 +8,8 @@ standard library, torch and mmengine at the top, and the plugin where a plugin r
 needs it (the spec's ``plugin`` key) or after training.
 
 The spec (written by :func:`.launch.prepare_run`): config, cfg_options, warmup,
-warmup_iters, iters, plugin, gpu_monitor, label, comm ('on' / 'off'), work_dir, result
+warmup_iters, iters, intra_op_threads, plugin, gpu_monitor, label, comm ('on' / 'off'),
+work_dir, result
 (the JSON rank 0 writes), and optionally progress (a JSON file of iterations done /
 total for the progress bar), profile, trace_dir, start_barrier, ddp_one, and
 for stock runs data_from, data_cfg_options, per_gpu_batch, accumulation.
@@ -84,14 +85,19 @@ class BenchmarkTimerHook(Hook):
         start_barrier: ``{'directory': ..., 'count': N, 'timeout_s': ...}``: wait before the
             measured window until N processes without a process group (the
             ``--independent`` runs) have reached theirs, so the windows overlap.
+        intra_op_threads: torch's intra-op threads, set at the start of training so that
+            plugin and stock runs use the same number whatever their construction did.
+            None leaves the process's setting.
     """
 
     priority = 'LOWEST'  # after_train_iter last: logging/checkpointing count as step time
 
     def __init__(self, warmup_steps: int, steps: int, comm: str, result_path: str,
                  warmup_iters: int = 0,
-                 start_barrier: Optional[Dict[str, Any]] = None) -> None:
+                 start_barrier: Optional[Dict[str, Any]] = None,
+                 intra_op_threads: Optional[int] = None) -> None:
         self.warmup_steps = warmup_steps
+        self.intra_op_threads = intra_op_threads
         self.warmup_iters = warmup_iters
         self.steps = steps
         self.comm = comm
@@ -116,6 +122,8 @@ class BenchmarkTimerHook(Hook):
     def before_train(self, runner) -> None:
         import torch
         from mmengine.model import is_model_wrapper
+        if self.intra_op_threads:
+            torch.set_num_threads(self.intra_op_threads)
         self._host_start = host_facts()
         self.accumulation = int(getattr(runner.optim_wrapper, '_accumulative_counts', 1))
         self.warmup_steps = max(self.warmup_steps, -(-self.warmup_iters // self.accumulation))
@@ -445,7 +453,8 @@ def run_worker(spec_path: str) -> None:
     runner = Runner.from_cfg(cfg)
     timer = BenchmarkTimerHook(spec['warmup'], spec['iters'], spec['comm'], spec['result'],
                                warmup_iters=spec.get('warmup_iters', 0),
-                               start_barrier=spec.get('start_barrier'))
+                               start_barrier=spec.get('start_barrier'),
+                               intra_op_threads=spec.get('intra_op_threads'))
     runner.register_hook(timer, priority='LOWEST')
     runner.register_hook(PeakMemoryHook(timer), priority='VERY_HIGH')
     if spec.get('profile'):
