@@ -8,8 +8,11 @@
 #   bash benchmarks/gpu_1x_checks.sh pv_rcnn_vs_stock  # plugin vs stock mmdet3d, equal settings + as shipped
 #   bash benchmarks/gpu_1x_checks.sh bevfusion_amp  # BEVFusion 1 GPU from scratch, 24 GiB:
 #                                              # fp32 / fp16 / bf16 -> bevfusion_1gpu_amp_*.json
+#   bash benchmarks/gpu_1x_checks.sh camera_decoding  # BEVFusion camera JPEGs: PIL in the
+#                                              # workers vs nvJPEG on the GPU (decode='gpu'),
+#                                              # 48 full-res frames -> camera_decoding_*.json
 set -uo pipefail
-STAGE=${1:?stage: patches | pv_rcnn | bevfusion_amp}
+STAGE=${1:?stage: patches | pv_rcnn | bevfusion_amp | pv_rcnn_vs_stock | camera_decoding}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -92,6 +95,26 @@ pv_rcnn_vs_stock)
     --cfg-options train_dataloader.num_workers=${WORKERS:-2} 2>&1 | tail -12 \
     | tee "$OUT/pv_rcnn_vs_stock.txt"
   cp work_dirs/vs_stock/scaling.json "$OUT/pv_rcnn_1gpu_vs_stock_equal_and_shipped_h200.json"
+  ;;
+camera_decoding)
+  # the official LiDAR-camera config's train loader on 48 full-res synthetic frames
+  # (~1 min to write with 8 processes), decode='cpu' vs 'gpu': the device path's tests
+  # (CUDA ones included), the loader alone at 2 / 4 / 8 workers with the nvJPEG-vs-PIL
+  # image difference, then with the model's train step at the config's 4 workers.
+  # ~5 min on one H200 (16 cores); CAMDEC_ITERS / CAMDEC_STEP_ITERS shorten it.
+  [ -f data/nuscenes_camdec/nuscenes_infos_train.pkl ] || python \
+    tools/create_synthetic_data.py nuscenes --out data/nuscenes_camdec --train-frames 48 \
+    --val-frames 2 --full-res --workers 8 --no-progress 2>&1 | tail -1
+  timeout 150 python -m pytest -q -p no:cacheprovider \
+    tests/datasets/test_bevfusion_deferred_decode.py \
+    tests/models/bevfusion/test_data_preprocessor.py > "$OUT/camera_decoding_tests.txt" 2>&1
+  tail -3 "$OUT/camera_decoding_tests.txt"
+  timeout 180 python benchmarks/camera_decoding.py --data-root data/nuscenes_camdec \
+    --workers 2,4,8 --iters ${CAMDEC_ITERS:-16} --compare 4 \
+    --out "$OUT/camera_decoding_loader_h200.json" 2>&1 | grep -E "^images|^decode=|Error"
+  timeout 180 python benchmarks/camera_decoding.py --data-root data/nuscenes_camdec \
+    --workers 4 --iters ${CAMDEC_STEP_ITERS:-10} --compare 0 --model-step \
+    --out "$OUT/camera_decoding_model_step_h200.json" 2>&1 | grep -E "^decode=|Error"
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -4,6 +4,10 @@ They pass along the keys upstream's pipeline relies on: ``img_aug_matrix`` (one 
 per camera: resize/crop/flip/rotate applied to the image, in pixels),
 ``lidar_aug_matrix`` (4x4: rotation/scale/translation/flips applied to the points),
 ``cam2img``, ``lidar2cam``, ``cam2lidar``, ``lidar2img`` and ``ori_cam2img``.
+
+``BEVLoadMultiViewImageFromFiles(decode='gpu')`` defers JPEG decoding to the model's
+data preprocessor (see :mod:`.deferred_images`); ImageAug3D and GridMask then record
+their parameters instead of touching pixels.
 """
 import copy
 from typing import List, Optional, Sequence, Tuple
@@ -12,11 +16,16 @@ import mmcv
 import numpy as np
 from mmcv.transforms import BaseTransform
 from mmengine.fileio import get
+from mmengine.logging import print_log
 from PIL import Image
 
 from mmdet3d.datasets.transforms import GlobalRotScaleTrans, LoadMultiViewImageFromFiles
 from mmdet3d.registry import TRANSFORMS
 from ...registry import register
+from .deferred_images import (DECODE_MODES, CameraAug, DeferredImages,
+                              deferred_from_results, jpeg_size)
+
+_ANNOUNCED = set()  # decode modes already logged in this process
 
 
 def _rigid_inverse(matrix: np.ndarray) -> np.ndarray:
@@ -40,16 +49,36 @@ class BEVLoadMultiViewImageFromFiles(LoadMultiViewImageFromFiles):
     ``pad_shape``, ``scale_factor``, ``img_norm_cfg``, ``num_views``.
 
     Args: as :class:`mmdet3d.datasets.transforms.LoadMultiViewImageFromFiles`
-    (``to_float32``, ``color_type``, ``backend_args``, ``num_views``, ...). Loading
-    previous frames (``num_ref_frames > 0``) is not supported.
+    (``to_float32``, ``color_type``, ``backend_args``, ``num_views``, ...), plus
+        decode: where the JPEGs are decoded. ``'cpu'`` (default): here, with PIL, in
+            the loader worker. ``'gpu'``: the raw bytes travel in ``img`` as a packet
+            (:mod:`.deferred_images`) and BEVFusion's data preprocessor decodes them
+            on the model's device (nvJPEG on CUDA); the file headers give the image
+            sizes, so ``img_shape`` and the other keys are as with ``'cpu'``. Needs
+            ``color_type='color'`` and JPEG files.
+    Loading previous frames (``num_ref_frames > 0``) is not supported.
     """
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args, decode: str = 'cpu', **kwargs) -> None:
         super().__init__(*args, **kwargs)
         if self.num_ref_frames > 0:
             raise ValueError(
                 f'BEVLoadMultiViewImageFromFiles loads the current frame only; got '
                 f'num_ref_frames={self.num_ref_frames}. Leave it at -1.')
+        if decode not in DECODE_MODES:
+            raise ValueError(f'BEVLoadMultiViewImageFromFiles: decode={decode!r}; use '
+                             f"one of {DECODE_MODES} ('cpu': PIL in the loader worker, "
+                             "'gpu': on the model's device).")
+        if decode == 'gpu' and self.color_type != 'color':
+            raise ValueError(f"BEVLoadMultiViewImageFromFiles: decode='gpu' decodes to "
+                             f"RGB, so it needs color_type='color' (got "
+                             f"{self.color_type!r}); use decode='cpu' for other types.")
+        self.decode = decode
+        if decode != 'cpu' and decode not in _ANNOUNCED:
+            _ANNOUNCED.add(decode)
+            print_log("BEVLoadMultiViewImageFromFiles: decode='gpu': camera JPEGs are "
+                      "decoded and augmented by the data preprocessor on the model's "
+                      'device, not in the loader workers.', logger='current')
 
     def _calibration(self, results: dict) -> None:
         paths, cam2img, lidar2cam, cam2lidar, lidar2img = [], [], [], [], []
@@ -81,6 +110,8 @@ class BEVLoadMultiViewImageFromFiles(LoadMultiViewImageFromFiles):
                            '(camera infos); build the dataset with '
                            'modality=dict(use_camera=True).')
         self._calibration(results)
+        if self.decode == 'gpu':
+            return self._defer(results)
         imgs = [self._read(p) for p in results['img_path']]
         shapes = np.stack([img.shape for img in imgs])
         if not (shapes == shapes.max(0)).all():
@@ -97,12 +128,35 @@ class BEVLoadMultiViewImageFromFiles(LoadMultiViewImageFromFiles):
         if self.set_default_scale:
             results['scale_factor'] = 1.0
         channels = 1 if imgs[0].ndim < 3 else imgs[0].shape[2]
+        self._set_common(results, channels)
+        return results
+
+    def _set_common(self, results: dict, channels: int) -> None:
         results['img_norm_cfg'] = dict(
             mean=np.zeros(channels, dtype=np.float32),
             std=np.ones(channels, dtype=np.float32),
             to_rgb=False)
         results['num_views'] = self.num_views
         results['num_ref_frames'] = self.num_ref_frames
+
+    def _defer(self, results: dict) -> dict:
+        """Keep the JPEG bytes; sizes come from the file headers."""
+        jpegs, sizes = [], []
+        for path in results['img_path']:
+            data = get(path, backend_args=self.backend_args)
+            sizes.append(jpeg_size(data, path))
+            jpegs.append(data)
+        deferred = DeferredImages(paths=list(results['img_path']), sizes=sizes,
+                                  jpegs=jpegs)
+        shape = deferred.pad_shape
+        results['filename'] = results['img_path']
+        results['img'] = deferred.to_array()
+        results['img_shape'] = shape
+        results['ori_shape'] = shape
+        results['pad_shape'] = shape
+        if self.set_default_scale:
+            results['scale_factor'] = 1.0
+        self._set_common(results, 3)
         return results
 
 
@@ -120,6 +174,10 @@ class ImageAug3D(BaseTransform):
         rot_lim: ``(min, max)`` rotation in degrees.
         rand_flip: random horizontal flip (training only).
         is_train: random draws (True) or the deterministic centre setting (False).
+
+    With deferred images (``BEVLoadMultiViewImageFromFiles(decode='gpu')``) it makes
+    the same draws and records them with ``img_aug_matrix``; the data preprocessor
+    applies them on the device.
     """
 
     def __init__(self, final_dim: Sequence[int], resize_lim: Sequence[float],
@@ -172,6 +230,9 @@ class ImageAug3D(BaseTransform):
         return matrix
 
     def transform(self, results: dict) -> dict:
+        deferred = deferred_from_results(results)
+        if deferred is not None:
+            return self._record(results, deferred)
         new_imgs, matrices = [], []
         for img in results['img']:
             resize, dims, crop, flip, rotate = self.sample_augmentation(results)
@@ -184,6 +245,22 @@ class ImageAug3D(BaseTransform):
             matrices.append(self.aug_matrix(resize, crop, flip, rotate))
         results['img'] = new_imgs
         results['img_aug_matrix'] = matrices
+        results['img_shape'] = self.final_dim
+        return results
+
+    def _record(self, results: dict, deferred: DeferredImages) -> dict:
+        """Draw per camera in the order of the PIL path; record, touch no pixel."""
+        if deferred.aug is not None:
+            raise ValueError("ImageAug3D ran twice on deferred images (decode='gpu'); "
+                             "the device path applies one ImageAug3D. Use decode='cpu'.")
+        draws = [self.sample_augmentation(results) for _ in deferred.jpegs]
+        deferred.aug = [CameraAug(float(resize), tuple(int(d) for d in dims),
+                                  tuple(int(c) for c in crop), bool(flip), float(rotate))
+                        for resize, dims, crop, flip, rotate in draws]
+        deferred.final_dim = self.final_dim
+        results['img'] = deferred.to_array()
+        results['img_aug_matrix'] = [self.aug_matrix(resize, crop, flip, rotate)
+                                     for resize, _, crop, flip, rotate in draws]
         results['img_shape'] = self.final_dim
         return results
 
@@ -276,6 +353,9 @@ class GridMask(BaseTransform):
         mode: 0 masks the stripes, 1 keeps only the stripes. Default 0.
         prob: probability of applying the mask. Default 1.0.
         fixed_prob: keep ``prob`` fixed instead of ramping with the epoch.
+
+    With deferred images (``decode='gpu'``) the mask is drawn here as usual and
+    applied by the data preprocessor after decoding and augmentation.
     """
 
     def __init__(self, use_h: bool, use_w: bool, max_epoch: int, rotate: int = 1,
@@ -325,9 +405,21 @@ class GridMask(BaseTransform):
     def transform(self, results: dict) -> dict:
         if np.random.rand() > self.prob:
             return results
-        imgs: List[np.ndarray] = results['img']
-        h, w = imgs[0].shape[:2]
+        deferred = deferred_from_results(results)
+        if deferred is not None:
+            h, w = deferred.shape
+        else:
+            imgs: List[np.ndarray] = results['img']
+            h, w = imgs[0].shape[:2]
         mask = self._mask(h, w)
+        if deferred is not None:
+            offset = None
+            if self.offset:
+                noise = (2 * (np.random.rand(h, w) - 0.5)).astype(np.float32)
+                offset = (1 - mask[..., 0]) * noise
+            deferred.masks.append((mask[..., 0], offset))
+            results['img'] = deferred.to_array()
+            return results
         if self.offset:
             noise = (2 * (np.random.rand(h, w) - 0.5)).astype(np.float32)[:, :, None]
             offset = (1 - mask) * noise

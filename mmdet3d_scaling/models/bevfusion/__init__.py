@@ -9,6 +9,7 @@ from .assigners import (BBoxBEVL1Cost, HeuristicAssigner3D, HungarianAssigner3D,
 from .bbox_coder import TransFusionBBoxCoder
 from .bevfusion import BEVFusion
 from .bevfusion_necks import GeneralizedLSSFPN
+from .data_preprocessor import BEVFusionDataPreprocessor
 from .depth_lss import DepthLSSTransform, LSSTransform
 from .fuser import ConvFuser
 from .sparse_backend import convert_state_dict_layout
@@ -21,5 +22,6 @@ __all__ = [
     'BEVFusion', 'BEVFusionSparseEncoder', 'BEVFusionVoxelizer', 'TransFusionHead',
     'TransformerDecoderLayer', 'TransFusionBBoxCoder', 'HungarianAssigner3D',
     'HeuristicAssigner3D', 'BBoxBEVL1Cost', 'IoU3DCost', 'convert_state_dict_layout',
-    'GeneralizedLSSFPN', 'LSSTransform', 'DepthLSSTransform', 'ConvFuser'
+    'GeneralizedLSSFPN', 'LSSTransform', 'DepthLSSTransform', 'ConvFuser',
+    'BEVFusionDataPreprocessor'
 ]

@@ -18,12 +18,16 @@ from mmdet3d.registry import MODELS
 from mmdet3d.structures import Det3DDataSample
 from mmdet3d.utils import OptConfigType, OptMultiConfig
 from mmdet3d_scaling.registry import register
+from .data_preprocessor import BEVFusionDataPreprocessor  # noqa: F401  (registers)
 from .voxelize import BEVFusionVoxelizer
 
 CHECKPOINTABLE = ('img_backbone', 'img_neck', 'view_transform')
 # Camera geometry of each sample: meta key -> argument of the view transform.
 _CAMERA_METAS = (('lidar2img', None), ('cam2img', None), ('cam2lidar', None),
                  ('img_aug_matrix', np.eye(4)), ('lidar_aug_matrix', np.eye(4)))
+
+
+_STOCK_PREPROCESSORS = ('Det3DDataPreprocessor', 'mmdet3d.Det3DDataPreprocessor')
 
 
 def _build(cfg: Optional[dict]):
@@ -39,7 +43,9 @@ class BEVFusion(Base3DDetector):
             ``voxelize_cfg`` (as upstream): max_num_points, point_cloud_range,
             voxel_size, max_voxels (train, test), voxelize_reduce, optionally
             deterministic. ``voxelize_cfg`` is taken out before the preprocessor is
-            built; the config itself is not modified.
+            built; the config itself is not modified. ``Det3DDataPreprocessor`` is
+            built as :class:`BEVFusionDataPreprocessor` (the same, plus decoding of
+            camera JPEGs deferred by ``decode='gpu'``).
         pts_voxel_encoder (dict, optional): built for config compatibility; used only
             when ``voxelize_reduce=False`` (e.g. ``HardSimpleVFE``).
         pts_middle_encoder (dict): sparse encoder, e.g. ``BEVFusionSparseEncoder``.
@@ -114,6 +120,10 @@ class BEVFusion(Base3DDetector):
                 'voxel_size=..., max_voxels=[train, test], voxelize_reduce=True)).')
         data_preprocessor = copy.deepcopy(dict(data_preprocessor))
         voxelize_cfg = dict(data_preprocessor.pop('voxelize_cfg'))
+        if data_preprocessor.get('type') in _STOCK_PREPROCESSORS:
+            # Same class plus decoding of deferred camera JPEGs (decode='gpu');
+            # decoded images take Det3DDataPreprocessor's own code.
+            data_preprocessor['type'] = 'mmdet3d_scaling.BEVFusionDataPreprocessor'
         if 'voxelize_reduce' not in voxelize_cfg:
             raise ValueError('voxelize_cfg needs voxelize_reduce (True: mean of the '
                              'points of a voxel, as the official configs).')
