@@ -26,13 +26,31 @@ class ToyRegressor(BaseModel):
         return out
 
 
+@MODELS.register_module(force=True)
+class ToyBNRegressor(ToyRegressor):
+    """ToyRegressor behind a BatchNorm1d (momentum 0.1): running statistics to check."""
+
+    def __init__(self, in_features: int = 4, momentum: float = 0.1):
+        super().__init__(in_features)
+        self.bn = torch.nn.BatchNorm1d(in_features, momentum=momentum)
+
+    def forward(self, inputs, targets=None, mode='tensor'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        return super().forward(self.bn(inputs), targets, mode)
+
+
 @DATASETS.register_module(force=True)
 class ToyDataset(Dataset):
-    """``length`` fixed random samples ``dict(inputs, targets)``."""
+    """``length`` fixed random samples ``dict(inputs, targets)``; with ``same_inputs``
+    every sample has the first one's inputs (batch statistics then do not depend on
+    how a batch is split)."""
 
-    def __init__(self, length: int = 16, in_features: int = 4, seed: int = 0):
+    def __init__(self, length: int = 16, in_features: int = 4, seed: int = 0,
+                 same_inputs: bool = False):
         gen = torch.Generator().manual_seed(seed)
         self.x = torch.randn(length, in_features, generator=gen)
+        if same_inputs:
+            self.x[:] = self.x[0]
         self.y = self.x.sum(1) + 0.1 * torch.randn(length, generator=gen)
         self.metainfo = dict(classes=('toy',))
 

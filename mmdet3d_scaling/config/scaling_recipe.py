@@ -8,6 +8,7 @@ A config states what it wants once::
         lr_scaling='linear',        # 'linear' | 'sqrt' | 'none'
         per_gpu_batch_size=None,    # None: as large as allowed (see below)
         max_per_gpu_batch_size=None,  # None: the config's train_dataloader.batch_size
+        bn_momentum='per_step',     # 'per_step' | 'per_forward' (BatchNorm statistics)
     )
 
 and :func:`apply_scaling_recipe` (a :func:`prepare_config` step) derives the per-GPU
@@ -24,7 +25,10 @@ iteration counts so they keep meaning *optimizer steps*. Conventions (documented
   so they are multiplied by the accumulation;
 - absolute LR values of LR schedulers (``eta_min``, ``eta_max``, ``min_value``) are
   scaled with the LR; relative ones (``eta_min_ratio``, factors, ``gamma``) are not;
-  momentum and weight-decay schedulers are left alone.
+  momentum and weight-decay schedulers are left alone;
+- BatchNorm momentum is read per optimizer step (``bn_momentum='per_step'``): the
+  ScalingRunner converts it per forward pass on the built model
+  (:mod:`mmdet3d_scaling.engine.batchnorm_momentum`); ``'per_forward'`` keeps it.
 """
 import copy
 import math
@@ -38,7 +42,8 @@ from .validators import positive_int as _positive_int
 
 LR_SCALINGS = ('linear', 'sqrt', 'none')
 SCALING_KEYS = ('total_batch_size', 'base_batch_size', 'lr_scaling',
-                'per_gpu_batch_size', 'max_per_gpu_batch_size')
+                'per_gpu_batch_size', 'max_per_gpu_batch_size', 'bn_momentum')
+BN_MOMENTUM_MODES = ('per_step', 'per_forward')
 # Where apply_plan records what it did, so that applying again (a prepared config
 # prepared twice, or a new plan at runtime) starts from the user's values.
 RECORD_KEY = 'scaling_plan'
@@ -391,6 +396,12 @@ def _check_scaling_keys(scaling: dict) -> None:
     if 'total_batch_size' not in scaling:
         raise ValueError('scaling needs total_batch_size (samples per optimizer step, '
                          'all GPUs together).')
+    mode = scaling.get('bn_momentum', BN_MOMENTUM_MODES[0])
+    if mode not in BN_MOMENTUM_MODES:
+        raise ValueError(
+            f'scaling.bn_momentum={mode!r} is not one of {", ".join(BN_MOMENTUM_MODES)}: '
+            "'per_step' reads the BatchNorm momentum per optimizer step (converted for "
+            "the accumulation), 'per_forward' keeps it per forward pass.")
 
 
 def plan_from_config(cfg: Config, world_size: int) -> ScalingPlan:

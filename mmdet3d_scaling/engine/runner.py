@@ -15,7 +15,7 @@ It is the plugin's one entry point into mmengine:
 """
 import copy
 import logging
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from mmengine.config import Config
 from mmengine.hooks import CheckpointHook
@@ -29,8 +29,10 @@ from mmengine.runner.utils import calc_dynamic_intervals
 from ..compat import patching
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
-from ..config.scaling_recipe import ScalingPlan, apply_plan, format_plan, recorded_plan
+from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
+                                     format_plan, recorded_plan)
 from ..registry import check_replaced_types
+from . import batchnorm_momentum as bn
 from . import checkpoint_match as match
 from .optim_state import reset_to_initial, scale_lr, set_accumulation
 from .work_dir_lock import run_locked
@@ -68,6 +70,26 @@ class ScalingRunner(Runner):
                   f"\npatches in effect:\n{patching.table(in_effect) if in_effect else '  none'}",
                   logger='current')
         return super().from_cfg(cfg)
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        # per-step BatchNorm momenta as built from the config; a new plan converts again
+        # from these (scaling.bn_momentum, engine/batchnorm_momentum.py)
+        self._bn_momentum_per_step: Dict[str, float] = {}
+        if self._bn_momentum_mode() == 'per_step':
+            self._bn_momentum_per_step = bn.record_momenta(self.model)
+            self._convert_bn_momentum(recorded_plan(self.cfg))
+
+    def _bn_momentum_mode(self) -> str:
+        scaling = self.cfg.get('scaling') or {}
+        return scaling.get('bn_momentum', BN_MOMENTUM_MODES[0]) if scaling else 'per_forward'
+
+    def _convert_bn_momentum(self, plan: Optional[ScalingPlan]) -> None:
+        if plan is None or not self._bn_momentum_per_step:
+            return
+        bn.set_momenta(self.model, self._bn_momentum_per_step, plan.accumulation)
+        if plan.accumulation > 1:
+            self.logger.info(bn.describe(self._bn_momentum_per_step, plan.accumulation))
 
     # ------------------------------------------------------------------ commands
     def _preflight(self, *loaders: str) -> None:
@@ -175,6 +197,7 @@ class ScalingRunner(Runner):
                 copy.deepcopy(cfg.param_scheduler))
         self.cfg = cfg  # checkpoints record the config in use
         self.logger.info(f'{reason}:\n' + format_plan(plan))
+        self._convert_bn_momentum(plan)
 
     def _rebuild_train_dataloader(self, batch_size: int) -> None:
         loop = self.train_loop
