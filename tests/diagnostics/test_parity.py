@@ -6,7 +6,6 @@ data root), the statistics, and end to end: the demo config on a few synthetic f
 2 optimizer steps, trained through tools/train.py and evaluated through tools/test.py
 in two arrangements, and a run that fails and is recorded as failed.
 """
-import importlib.util
 import json
 import os.path as osp
 from pathlib import Path
@@ -14,19 +13,11 @@ from pathlib import Path
 import pytest
 from mmengine.config import Config
 
-from mmdet3d_scaling.diagnostics import parity
+from mmdet3d_scaling.diagnostics import parity, parity_cli
 from mmdet3d_scaling.diagnostics.parity import ParityError
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = str(REPO / 'configs' / 'demo' / 'pointpillars_synthetic_kitti_cpu.py')
-TOOL = REPO / 'tools' / 'benchmark_parity.py'
-
-
-def _tool():
-    spec = importlib.util.spec_from_file_location('benchmark_parity', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 # --------------------------------------------------------------------------- planner
@@ -110,7 +101,7 @@ def test_training_options_parse_back_into_a_buildable_config(tmp_path):
     recreated by a data-root path under it) and DictAction reads them back."""
     bench = parity.prepare(DEMO, str(tmp_path), 1, 4, [0], iters=3,
                            data_root=str(tmp_path / 'data'))
-    args = _tool().parse_args([DEMO, '--batch', '1', '--accumulation', '4',
+    args = parity_cli.parse_args([DEMO, '--batch', '1', '--accumulation', '4',
                                '--cfg-options', *parity.format_options(
                                    bench.runs[0].options)])
     cfg = Config.fromfile(DEMO)
@@ -179,7 +170,7 @@ def test_headline_metrics():
 # ------------------------------------------------------------------------- the tool
 def test_dry_run_prints_every_command_and_runs_nothing(tmp_path, capsys):
     out = tmp_path / 'out'
-    assert _tool().main([DEMO, '--batch', '1', '--accumulation', '4', '--seeds', '0,1',
+    assert parity_cli.main([DEMO, '--batch', '1', '--accumulation', '4', '--seeds', '0,1',
                          '--iters', '5', '--out', str(out), '--dry-run']) == 0
     text = capsys.readouterr().out
     assert text.count('tools/train.py') == 4 and text.count('tools/test.py') == 6
@@ -190,7 +181,7 @@ def test_dry_run_prints_every_command_and_runs_nothing(tmp_path, capsys):
 
 def test_bad_combination_stops_the_tool_with_the_reason(tmp_path):
     with pytest.raises(SystemExit, match='--accumulation 4 cannot be split over 3'):
-        _tool().main([DEMO, '--batch', '1', '--accumulation', '4', '--nproc', '3',
+        parity_cli.main([DEMO, '--batch', '1', '--accumulation', '4', '--nproc', '3',
                       '--out', str(tmp_path), '--dry-run'])
 
 
@@ -204,7 +195,7 @@ def tiny_kitti(tmp_path_factory):
 
 def _bench(root, out, *extra) -> int:
     """The tool's main in this process (saves a start-up); the runs are subprocesses."""
-    return _tool().main(
+    return parity_cli.main(
         [DEMO, '--batch', '1', '--accumulation', '4', '--seeds', '0', '--iters', '2',
          '--data-root', str(root), '--out', str(out),
          '--cfg-options', 'train_dataloader.num_workers=0',
