@@ -3,10 +3,16 @@
 # GeneralizedLSSFPN, DepthLSSTransform with the LiDAR depth map, ConvFuser) shrunk for
 # 2 CPU cores, on top of the LiDAR-only smoke recipe.
 #
-#   python tools/create_synthetic_data.py nuscenes --out data/synthetic_nuscenes
+#   python tools/create_synthetic_data.py nuscenes --out data/synthetic_nuscenes \
+#       --max-range 24 --samples-per-scene 5 --train-frames 600
 #   python tools/train.py configs/bevfusion/bevfusion_lidar-cam_synthetic_nus_cpu.py
 #   python tools/test.py configs/bevfusion/bevfusion_lidar-cam_synthetic_nus_cpu.py \
 #       work_dirs/bevfusion_lidar-cam_synthetic_nus_cpu/iter_300.pth
+#
+# --max-range 24 and short scenes keep 96 % of the evaluated boxes inside this
+# recipe's 51.2 m x 51.2 m range (by default objects go up to the evaluation's
+# 28-48 m class ranges: 64 % inside); 600 train frames make 120 scenes. The mAP /
+# NDS this reaches: docs/parity.md, "nuScenes evaluation on the synthetic data".
 #
 # Differences to the official camera branch, all for speed: 64 x 192 network images
 # (resize ~0.29 instead of ~0.48), a Swin of one block per stage and 24 base channels

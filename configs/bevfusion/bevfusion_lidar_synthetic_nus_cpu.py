@@ -2,10 +2,16 @@
 # data: the official structure (basic-block sparse encoder, SECOND + SECONDFPN,
 # TransFusion head with Hungarian assignment), shrunk for 2 CPU cores.
 #
-#   python tools/create_synthetic_data.py nuscenes --out data/synthetic_nuscenes
+#   python tools/create_synthetic_data.py nuscenes --out data/synthetic_nuscenes \
+#       --max-range 24 --samples-per-scene 5 --train-frames 600
 #   python tools/train.py configs/bevfusion/bevfusion_lidar_synthetic_nus_cpu.py
 #   python tools/test.py configs/bevfusion/bevfusion_lidar_synthetic_nus_cpu.py \
 #       work_dirs/bevfusion_lidar_synthetic_nus_cpu/iter_300.pth
+#
+# --max-range 24 and short scenes keep 96 % of the evaluated boxes inside this
+# recipe's 51.2 m x 51.2 m range (by default objects go up to the evaluation's
+# 28-48 m class ranges: 64 % inside); 600 train frames make 120 scenes. The mAP /
+# NDS this reaches: docs/parity.md, "nuScenes evaluation on the synthetic data".
 #
 # Differences to the official recipe, all for speed: 51.2 m x 51.2 m range with 0.2 m
 # voxels (256 x 256 x 41 grid, BEV map 32 x 32; the official 108 m at 0.075 m is 1440),
