@@ -343,7 +343,10 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
             f'layer(s) ({shown}). They normalise each micro-batch ({batch} samples per '
             f'process), not the accumulated {self.cumulative_iters} x {batch}, so '
             'accumulation is not exactly a larger batch for them. Consider frozen BN '
-            '(norm_eval=True), GroupNorm/LayerNorm, or a larger per-GPU batch.',
+            '(norm_eval=True), GroupNorm/LayerNorm, or a larger per-GPU batch. Their '
+            f'running statistics also update {self.cumulative_iters} times a step; '
+            "the scaling recipe (scaling = dict(...), bn_momentum='per_step') converts "
+            'their momentum per optimizer step.',
             logger='current', level=logging.WARNING)
 
     # ------------------------------------------------------ parameter schedulers

@@ -2,11 +2,11 @@
 accumulation, on real ScalingRunners (a toy model for exact arithmetic, the demo
 PointPillars for a real mmdet3d model)."""
 import os
+import uuid
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.logging import MMLogger
 from mmengine.registry import RUNNERS
 
 import mmdet3d_scaling  # noqa: F401
@@ -26,7 +26,9 @@ def _runner(tmp_path, per_gpu: int, mode=None, steps: int = 1):
     cfg = Config(toy_runner_cfg(
         tmp_path / f'b{per_gpu}_{mode}', max_iters=steps, runner_type='ScalingRunner',
         model=dict(type='ToyBNRegressor', momentum=MOMENTUM), scaling=scaling,
-        default_scope='mmdet3d', log_level='INFO'))
+        default_scope='mmdet3d', log_level='INFO',
+        # a logger of its own: runners built in the same second would share one
+        experiment_name=f'bn_momentum_{uuid.uuid4().hex}'))
     cfg.train_dataloader.dataset = dict(type='ToyDataset', length=8, same_inputs=True)
     return RUNNERS.build(cfg)
 
@@ -63,7 +65,6 @@ def test_accumulation_ends_a_step_with_the_statistics_of_no_accumulation(tmp_pat
 
 
 def test_the_conversion_is_logged_and_follows_a_new_plan(tmp_path):
-    MMLogger.get_instance('test_bn_momentum', log_level='INFO')
     runner = _runner(tmp_path, 1)  # accumulation 4
     layer = _bn_layer(runner)
     assert layer.momentum == pytest.approx(bn.per_forward_momentum(MOMENTUM, 4))

@@ -12,14 +12,13 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
-from mmengine.registry import MODELS
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hook, applies the shims)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import (
     CHECKPOINT_KEY, AccumulationCheckpointHook, GradientCumulativeOptimizerHook,
     batch_norm_layers)
-from tests.toy import ToyRegressor, toy_runner_cfg
+from tests.toy import toy_runner_cfg  # registers ToyRegressor, ToyBNRegressor
 
 TOL = 1e-5
 
@@ -58,16 +57,6 @@ class StopAt(Hook):
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
         if runner.iter + 1 == self.iters:
             runner.train_loop.stop_training = True
-
-
-@MODELS.register_module(force=True)
-class ToyBNRegressor(ToyRegressor):
-    def __init__(self):
-        super().__init__()
-        self.norm = torch.nn.BatchNorm1d(4)
-
-    def forward(self, inputs, targets=None, mode='tensor'):
-        return super().forward(self.norm(inputs), targets, mode)
 
 
 def toy_cfg(work_dir, batch_size: int, dataset_len: int, cumulative_iters: int = 1,
@@ -224,10 +213,10 @@ def test_window_checkpoint_hook_alone_with_accumulative_counts(tmp_path):
 def test_batch_norm_warning_once_naming_layers(tmp_path):
     runner = train(toy_cfg(tmp_path, batch_size=2, dataset_len=8, cumulative_iters=2,
                            max_epochs=2, model='ToyBNRegressor'))
-    assert batch_norm_layers(runner.model) == ['norm']
+    assert batch_norm_layers(runner.model) == ['bn']  # tests.toy.ToyBNRegressor
     log = ''.join(open(f).read() for f in glob.glob(osp.join(tmp_path, '*', '*.log')))
     assert log.count('GradientCumulativeOptimizerHook: the model has 1 BatchNorm '
-                     'layer(s) (norm)') == 1
+                     'layer(s) (bn)') == 1
 
 
 def test_conflicting_accumulative_counts_is_an_error(tmp_path):
