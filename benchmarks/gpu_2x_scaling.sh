@@ -9,6 +9,7 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_sync_bn  # 2 GPUs: SyncBN all / scoped / off
 #   bash benchmarks/gpu_2x_scaling.sh recheck       # PV-RCNN warm 1 -> 2, auto batch size
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_repeats  # 1 -> 2 GPUs, 3 alternating rounds
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_affinity # the same, distributed.cpu_affinity=split
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_split    # 1, DDP world of one, 2, 2 independent
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_neighbour  # 1 GPU beside a CPU / GPU / host-bound load
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # shim GPU tests, GPU census, A/B, 1 -> 2
@@ -43,8 +44,9 @@ scaling() {  # scaling OUTNAME TIMEOUT ARGS...
   # file after every call (the device returns at most 8 files)
   for run in "$RES/$name"/*/; do
     [ -f "$run/result.json" ] && cp "$run/result.json" "$RES/${name}__$(basename "$run").json"
-    [ -f "$run/run.log" ] && grep -E "Iter\(train\)|Error|error:|Scaling plan|per-GPU" \
-      "$run/run.log" | tail -20 > "$RES/${name}__$(basename "$run").log"
+    [ -f "$run/run.log" ] && { grep -m1 "cpu_affinity=" "$run/run.log"; grep -E \
+      "Iter\(train\)|Error|error:|Scaling plan|per-GPU" "$run/run.log" | tail -20; } \
+      > "$RES/${name}__$(basename "$run").log"
     rm -rf "$run"
   done
   tar czf "$OUT/results.tgz" -C "$RES" . 2>/dev/null
@@ -115,6 +117,16 @@ pv_rcnn_repeats)
     --nproc 1,2 --repeats ${REPEATS:-3} --iters ${ITERS:-12} --warmup 1 \
     --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
     --cfg-options train_dataloader.num_workers=${WORKERS:-2}
+  ;;
+pv_rcnn_affinity)
+  kitti
+  # pv_rcnn_repeats with distributed.cpu_affinity=split: each 2-GPU rank pinned to its
+  # own half of the host's CPUs (loader workers inherit it; the 1-GPU runs have one rank
+  # and stay as launched). Compare its median runs / per-round pairs with pv_rcnn_repeats.
+  scaling affinity ${PV_RCNN_TIMEOUT:-540} configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \
+    --nproc 1,2 --repeats ${REPEATS:-3} --iters ${ITERS:-12} --warmup 1 \
+    --warmup-iters ${WARMUP_ITERS:-20} --no-comm-run \
+    --cfg-options train_dataloader.num_workers=${WORKERS:-2} distributed.cpu_affinity=split
   ;;
 pv_rcnn_split)
   kitti

@@ -13,6 +13,7 @@
         sync_bn_scope=None,            # None (all layers) | ['backbone', ...] submodules
         timeout_minutes=60,            # collective timeout (env_cfg.dist_cfg.timeout)
         detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
+        cpu_affinity=None,             # None (as launched) | 'split': CPUs per local rank
     )
 
 Only a config with a ``distributed`` key gets the plugin's wrapper
@@ -20,6 +21,11 @@ Only a config with a ``distributed`` key gets the plugin's wrapper
 without the key the config keeps mmengine's wrapper and timeout. Single-process runs
 keep the bare model (mmengine reverts SyncBN there); the options are still validated so
 a typo fails on a laptop, not on the cluster.
+
+``cpu_affinity='split'`` is applied by the ScalingRunner after it is built, before the
+loader workers start: each local rank of a host (``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``,
+set by torchrun) keeps a disjoint share of the CPUs it was started with, whole cores and
+one NUMA node where that costs no rank a CPU (``engine/parallel/cpu_affinity.py``).
 """
 import os
 from typing import Any, Dict
@@ -28,6 +34,7 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
+from ..engine.parallel.cpu_affinity import MODES as CPU_AFFINITY_MODES
 from ..engine.parallel.ddp_wrapper import COMM_COMPRESSIONS
 from ..engine.parallel.sync_bn import IMPLEMENTATIONS, check_scope_format
 from .validators import merge, positive_number
@@ -37,7 +44,8 @@ _WRAPPER_TYPES = (None, 'MMDistributedDataParallel', WRAPPER)
 DEFAULTS: Dict[str, Any] = dict(
     find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=False,
     bucket_cap_mb=25, broadcast_buffers=False, comm_compression=None, sync_bn=None,
-    sync_bn_scope=None, timeout_minutes=60, detect_anomalous_params=False)
+    sync_bn_scope=None, timeout_minutes=60, detect_anomalous_params=False,
+    cpu_affinity=None)
 _WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_view',
                  'bucket_cap_mb', 'broadcast_buffers', 'comm_compression', 'sync_bn',
                  'sync_bn_scope', 'detect_anomalous_params')
@@ -64,6 +72,9 @@ def validate_options(options: Dict[str, Any]) -> None:
     if options.get('sync_bn') not in (None,) + IMPLEMENTATIONS:
         raise ValueError(f'distributed.sync_bn must be None or one of {IMPLEMENTATIONS}, '
                          f"got {options['sync_bn']!r}")
+    if options.get('cpu_affinity') not in (None,) + CPU_AFFINITY_MODES:
+        raise ValueError('distributed.cpu_affinity must be None or one of '
+                         f"{CPU_AFFINITY_MODES}, got {options['cpu_affinity']!r}")
     try:
         check_scope_format(options.get('sync_bn_scope'))
     except ValueError as exc:

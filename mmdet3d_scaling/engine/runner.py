@@ -35,6 +35,7 @@ from ..registry import check_replaced_types
 from . import batchnorm_momentum as bn
 from . import checkpoint_match as match
 from .optim_state import reset_to_initial, scale_lr, set_accumulation
+from .parallel.cpu_affinity import apply_cpu_affinity
 from .work_dir_lock import run_locked
 
 
@@ -73,6 +74,9 @@ class ScalingRunner(Runner):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        # distributed.cpu_affinity='split': CPUs per local rank, set before the loader
+        # workers (built lazily by train()) start and inherit it
+        apply_cpu_affinity(self.cfg.get('distributed') or {}, self.logger)
         # per-step BatchNorm momenta as built from the config; a new plan converts again
         # from these (scaling.bn_momentum, engine/batchnorm_momentum.py)
         self._bn_momentum_per_step: Dict[str, float] = {}
