@@ -512,10 +512,25 @@ def _compare_to_reference(summary: Dict[str, Any], reference: str) -> None:
             for m, d in entry['metrics'].items() if m in ref}
 
 
+#: table columns per benchmark kind, the first whose metrics a summary holds
+TABLE_METRICS = (('3D_AP40_moderate', 'BEV_AP40_moderate'), ('mAP', 'NDS'))
+
+
+def table_metrics(summary: Dict[str, Any]) -> Sequence[str]:
+    """The headline columns for ``summary``: KITTI AP40 moderate or nuScenes mAP / NDS."""
+    held = {m for entry in summary.values() for m in entry.get('metrics', {})}
+    for columns in TABLE_METRICS:
+        if held & set(columns):
+            return columns
+    return TABLE_METRICS[0]
+
+
 def markdown_table(summary: Dict[str, Any],
-                   metrics: Sequence[str] = ('3D_AP40_moderate', 'BEV_AP40_moderate'),
-                   ) -> str:
-    """The docs table: arrangement, seeds, mean +- std [min, max] per metric, wall."""
+                   metrics: Optional[Sequence[str]] = None) -> str:
+    """The docs table: arrangement, seeds, mean +- std [min, max] per metric, wall.
+    ``metrics`` default: :func:`table_metrics`."""
+    if metrics is None:
+        metrics = table_metrics(summary)
     head = ['arrangement', 'seeds'] + [m.replace('_', ' ') for m in metrics] + [
         'train wall (s)', 'test wall (s)']
     rows = ['| ' + ' | '.join(head) + ' |', '|' + '---|' * len(head)]

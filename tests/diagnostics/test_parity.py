@@ -143,6 +143,16 @@ def test_summary_compares_with_the_reference_and_keeps_failures():
     assert '| `1proc_b1_acc4` | 0, 1 | 6.00 ± 1.41 [5.00, 7.00] | 10 | 2 |' in table
 
 
+def test_table_columns_follow_the_metrics_held():
+    def entry(**metrics):
+        return dict(seeds=[0], metrics={k: parity.describe([v]) for k, v in metrics.items()})
+
+    nus = parity.markdown_table({'1proc_b1_acc2': entry(mAP=0.25, NDS=0.3)})
+    assert '| arrangement | seeds | mAP | NDS |' in nus and '0.25 ± 0.00' in nus
+    kitti = parity.markdown_table({'a': entry(**{'3D_AP40_moderate': 4.0})})
+    assert '3D AP40 moderate | BEV AP40 moderate' in kitti
+
+
 def test_loss_per_step_averages_each_accumulation_window(tmp_path):
     log_dir = tmp_path / '20260101_000000'
     (log_dir / 'vis_data').mkdir(parents=True)
