@@ -10,10 +10,14 @@ child would inherit the parent's CUDA state).
 """
 import contextlib
 import os
+import subprocess
+import sys
 from typing import Callable, Iterator, Optional, Sequence
 
 import torch
 import torch.multiprocessing as mp
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 
 
 def visible_gpus() -> int:
@@ -73,3 +77,16 @@ def child_env(nprocs: int, env: Optional[dict] = None) -> dict:
     if ranks_on_cpu(nprocs):
         env['CUDA_VISIBLE_DEVICES'] = ''
     return env
+
+
+def run_torchrun(script: str, args: Sequence[str], nprocs: int, cwd: str,
+                 timeout: float) -> subprocess.CompletedProcess:
+    """``script args`` under ``torchrun --nproc_per_node=nprocs`` on free ports, with the
+    repository importable, one intra-op thread a rank and CUDA hidden where there are
+    fewer GPUs than ranks; output captured."""
+    env = child_env(nprocs, dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
+    return subprocess.run(
+        [sys.executable, '-m', 'torch.distributed.run', f'--nproc_per_node={nprocs}',
+         '--master_port=0', '--rdzv_backend=c10d', '--rdzv_endpoint=localhost:0',
+         str(script), *map(str, args)],
+        capture_output=True, text=True, env=env, timeout=timeout, cwd=str(cwd))

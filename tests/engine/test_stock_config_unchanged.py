@@ -9,14 +9,10 @@ without the plugin too on a CPU machine (backend and CPU-style DDP wrapping); th
 passed to both builds.
 """
 import json
-import os
-import subprocess
-import sys
 
-from tests.multiprocess import child_env
+from tests.multiprocess import run_torchrun
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STOCK = ['mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py',
          'mmdet3d::second/second_hv_secfpn_8xb6-80e_kitti-3d-3class.py']
 
@@ -61,12 +57,7 @@ def test_stock_configs_build_as_upstream_under_torchrun(tmp_path):
     script = tmp_path / 'worker.py'
     script.write_text(WORKER)
     # CUDA hidden from the 2 ranks where fewer than 2 GPUs are visible (gloo either way)
-    env = child_env(2, dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
-    done = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-         '--master_port=0', '--rdzv_backend=c10d', '--rdzv_endpoint=localhost:0',
-         str(script), str(tmp_path), *STOCK],
-        capture_output=True, text=True, env=env, timeout=850, cwd=str(tmp_path))
+    done = run_torchrun(script, [tmp_path, *STOCK], 2, cwd=tmp_path, timeout=850)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-4000:]
     line = [l for l in done.stdout.splitlines() if l.startswith('RESULT ')][-1]
     result = json.loads(line[len('RESULT '):])

@@ -235,11 +235,8 @@ def apply_cpu_affinity(options: Mapping, logger: Optional[object] = 'current',
     """
     global _last_split
     mode = (options or {}).get('cpu_affinity')
-    if mode is None:
+    if mode not in MODES:  # None; other values were refused by config validation
         return None
-    if mode not in MODES:
-        raise ValueError(f"distributed.cpu_affinity must be None or one of {MODES}, "
-                         f'got {mode!r}')
     environ = os.environ if environ is None else environ
     prefix = f"distributed.cpu_affinity={mode!r}"
     if not hasattr(os, 'sched_setaffinity'):

@@ -68,7 +68,7 @@ class BEVFusionDataPreprocessor(Det3DDataPreprocessor):
             raise ValueError(f'BEVFusionDataPreprocessor: jpeg_decoder={jpeg_decoder!r}; '
                              f'use one of {JPEG_DECODERS}.')
         self.jpeg_decoder = jpeg_decoder
-        self._announced = False
+        self._decoder: Optional[str] = None  # resolved at the first deferred batch
 
     # ------------------------------------------------------------------ entry
 
@@ -86,6 +86,11 @@ class BEVFusionDataPreprocessor(Det3DDataPreprocessor):
     # ------------------------------------------------------------------ decoding
 
     @property
+    def _announced(self) -> bool:
+        """Whether the decoder was chosen (and logged) at a first deferred batch."""
+        return self._decoder is not None
+
+    @property
     def device(self) -> torch.device:
         return torch.device(self._device)
 
@@ -101,12 +106,12 @@ class BEVFusionDataPreprocessor(Det3DDataPreprocessor):
 
     def decode_jpegs(self, jpegs: Sequence[bytes], paths: Sequence[str]) -> List[Tensor]:
         """Decode JPEG bytes to ``3 x H x W`` uint8 RGB tensors on :attr:`device`."""
-        backend = self._backend()
-        if not self._announced:
-            self._announced = True
+        if self._decoder is None:  # once: the import probe is not per-batch work
+            self._decoder = self._backend()
             print_log(f"BEVFusionDataPreprocessor: decoding deferred camera JPEGs "
-                      f"(decode='gpu') with {backend} on {self.device}.",
+                      f"(decode='gpu') with {self._decoder} on {self.device}.",
                       logger='current')
+        backend = self._decoder
         if backend == 'pil':
             return [torch.from_numpy(mmcv.imfrombytes(
                 j, flag='color', backend='pillow', channel_order='rgb')).permute(

@@ -6,8 +6,6 @@ each rank and one of its loader workers write down the CPUs they may run on.
 """
 import json
 import os
-import subprocess
-import sys
 from typing import Dict, FrozenSet, List
 
 import pytest
@@ -21,10 +19,8 @@ from mmdet3d_scaling.engine.parallel.cpu_affinity import (apply_cpu_affinity,
                                                           format_cpu_list, parse_cpu_list,
                                                           split_cpus)
 from tests.engine.parallel.dist_parts import toy_cfg
-from tests.multiprocess import child_env
+from tests.multiprocess import run_torchrun
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
-    os.path.abspath(__file__)))))
 ALLOWED = sorted(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else []
 
 
@@ -243,12 +239,7 @@ with open(os.path.join(OUT, f'rank{os.environ["RANK"]}.json'), 'w') as f:
 def test_two_ranks_under_torchrun_get_disjoint_shares(tmp_path):
     script = tmp_path / 'worker.py'
     script.write_text(WORKER)
-    env = child_env(2, dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS='1'))
-    done = subprocess.run(
-        [sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node=2',
-         '--master_port=0', '--rdzv_backend=c10d', '--rdzv_endpoint=localhost:0',
-         str(script), str(tmp_path)],
-        capture_output=True, text=True, env=env, timeout=600, cwd=str(tmp_path))
+    done = run_torchrun(script, [tmp_path], 2, cwd=tmp_path, timeout=600)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-4000:]
     ranks = [json.loads((tmp_path / f'rank{r}.json').read_text()) for r in range(2)]
