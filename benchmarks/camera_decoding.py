@@ -236,8 +236,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                         'difference (0: off)')
     parser.add_argument('--device', default=None,
                         help='cuda or cpu (default: cuda where available)')
-    parser.add_argument('--out', default=None, help='JSON file to write')
+    parser.add_argument('--out', default=None, help='JSON file to write (a new file)')
+    parser.add_argument('--overwrite', action='store_true',
+                        help='replace an existing --out file')
     args = parser.parse_args(argv)
+    if args.out and osp.exists(args.out) and not args.overwrite:
+        parser.error(f'--out {args.out!r} exists: pick a new file, or pass --overwrite '
+                     'to replace it')  # before the minutes of measuring
     if not osp.isfile(osp.join(args.data_root, 'nuscenes_infos_train.pkl')):
         raise SystemExit(f'{args.data_root}: no nuscenes_infos_train.pkl; write the data '
                          'with tools/create_synthetic_data.py nuscenes --full-res.')

@@ -117,6 +117,16 @@ def test_benchmark_json_out_is_not_replaced(tmp_path):
     assert result.read_text() == '{"summary": "yesterday"}'
 
 
+def test_camera_decoding_out_is_not_replaced(tmp_path):
+    result = tmp_path / 'camera.json'
+    result.write_text('{"runs": "yesterday"}')
+    done = _run(osp.join(REPO, 'benchmarks', 'camera_decoding.py'), '--data-root',
+                str(tmp_path), '--out', str(result), cwd=str(tmp_path))
+    assert done.returncode == 2
+    assert f"--out '{result}' exists" in done.stderr and '--overwrite' in done.stderr
+    assert result.read_text() == '{"runs": "yesterday"}'
+
+
 def test_train_names_a_zero_byte_point_file(workspace, tmp_path):
     import shutil
     shutil.copytree(workspace / 'data', tmp_path / 'data')
