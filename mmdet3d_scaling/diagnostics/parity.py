@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -654,27 +655,56 @@ def prepare(config: str, out: str, batch: int, accumulation: int,
 
 
 def run_benchmark(bench: Benchmark, out: str, python: str = sys.executable,
-                  log=print) -> Dict[str, Any]:
+                  log=print, jobs: int = 1) -> Dict[str, Any]:
     """Run every run (reusing finished identical ones), rewriting the JSON and PNG after
-    each; the final report."""
+    each; the final report.
+
+    ``jobs`` runs start at once (each its own processes; torchrun picks a free port per
+    multi-process run). They share the machine: on one large GPU this fits several
+    1-process runs into one session, but their wall times are then not a speed figure.
+    The report lists the runs in plan order whatever order they finish in.
+    """
+    bench.header['jobs'] = _positive('--jobs', jobs)
     json_path, png_path = osp.join(out, 'parity.json'), osp.join(out, 'parity.png')
-    records: List[Dict[str, Any]] = []
+    done: Dict[int, Dict[str, Any]] = {}
     report: Dict[str, Any] = {}
-    for i, spec in enumerate(bench.runs, 1):
-        tag = f'[parity] run {i}/{len(bench.runs)}: {spec.arrangement.name} seed {spec.seed}'
-        record = finished_record(spec)
-        if record is not None:
-            log(f'{tag}: reusing the finished run in {spec.work_dir}')
-        else:
-            log(f'{tag}: training in {spec.work_dir}')
-            record = execute(spec, python)
-        records.append(record)
-        log(f'{tag}: {record["status"]}, {_brief(record)}')
+    total = len(bench.runs)
+
+    def tag(i: int) -> str:
+        spec = bench.runs[i]
+        return f'[parity] run {i + 1}/{total}: {spec.arrangement.name} seed {spec.seed}'
+
+    def finish(i: int, record: Dict[str, Any]) -> None:
+        nonlocal report
+        done[i] = record
+        log(f'{tag(i)}: {record["status"]}, {_brief(record)}')
+        records = [done[k] for k in sorted(done)]
         report = write_report(json_path, bench.header, records, bench.arrangements)
         plot_losses(records, bench.arrangements, png_path,
                     title=f'{osp.basename(bench.header["config"])}: '
                           f'{bench.header["iters"]} optimizer steps of '
                           f'{bench.header["total_batch"]} samples')
+
+    todo = []
+    for i, spec in enumerate(bench.runs):
+        record = finished_record(spec)
+        if record is not None:
+            log(f'{tag(i)}: reusing the finished run in {spec.work_dir}')
+            finish(i, record)
+        else:
+            todo.append(i)
+    if jobs == 1:
+        for i in todo:
+            log(f'{tag(i)}: training in {bench.runs[i].work_dir}')
+            finish(i, execute(bench.runs[i], python))
+        return report
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        futures = {}
+        for i in todo:  # the pool starts them in plan order as slots free up
+            log(f'{tag(i)}: queued, work dir {bench.runs[i].work_dir}')
+            futures[pool.submit(execute, bench.runs[i], python)] = i
+        for future in as_completed(futures):
+            finish(futures[future], future.result())
     return report
 
 

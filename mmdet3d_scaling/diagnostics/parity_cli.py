@@ -53,6 +53,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--data-root', help='dataset root replacing the config\'s data_root '
                                        'in every path derived from it')
     p.add_argument('--out', default='work_dirs/parity', help='output folder')
+    p.add_argument('--jobs', type=int, default=1,
+                   help='runs at a time (default 1). They share the machine: on one '
+                        'large GPU several 1-process runs fit at once; their wall times '
+                        'are then no speed figure')
     p.add_argument('--dry-run', action='store_true', help='print the commands, run none')
     p.add_argument('--cfg-options', nargs='+', action=DictAction, default={},
                    help='overrides for every run, e.g. model.backbone.norm_eval=True')
@@ -74,7 +78,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.dry_run:
         print('\n'.join(parity.dry_run_lines(bench)))
         return 0
-    report = parity.run_benchmark(bench, args.out)
+    try:
+        report = parity.run_benchmark(bench, args.out, jobs=args.jobs)
+    except parity.ParityError as err:
+        sys.exit(f'benchmark_parity: error: {err}')
     print(parity.markdown_table(report['summary']))
     print(f'[parity] {osp.join(args.out, "parity.json")}, '
           f'{osp.join(args.out, "parity.png")}')

@@ -249,3 +249,19 @@ def test_a_failed_run_is_recorded_and_the_tool_exits_1(tiny_kitti, tmp_path):
     run = json.loads((out / 'parity.json').read_text())['runs'][0]
     assert run['status'] == 'train failed (exit 1)'
     assert 'NoSuchEncoder' in run['log_tail']
+
+
+def test_runs_at_once_keep_the_plan_order(tiny_kitti, tmp_path, capsys):
+    out = tmp_path / 'out'
+    assert _bench(tiny_kitti, out, '--only', '1proc_b1_acc4,1proc_b4', '--jobs', '2') == 0
+    report = json.loads((out / 'parity.json').read_text())
+    assert [r['arrangement'] for r in report['runs']] == ['1proc_b1_acc4', '1proc_b4']
+    assert all(r['status'] == 'ok' for r in report['runs'])
+    assert report['jobs'] == 2
+    assert capsys.readouterr().out.count(': queued, work dir ') == 2
+
+
+def test_jobs_must_be_positive(tiny_kitti, tmp_path):
+    with pytest.raises(SystemExit, match='--jobs must be a positive integer, got 0'):
+        _bench(tiny_kitti, tmp_path / 'out', '--only', '1proc_b4', '--jobs', '0')
+    assert not (tmp_path / 'out' / 'runs').exists()

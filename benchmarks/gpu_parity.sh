@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# PV-RCNN parity on one large GPU (docs/parity.md, "PV-RCNN on one H200"): the two
+# 1-process arrangements of effective batch 16 with the speed patch set on, and the
+# reference arrangement with the speed set off, 3 seeds each, at the config's own 200
+# optimizer steps. Nine runs take longer than one device command (10 min), so they run
+# in the background and a command only starts or watches them:
+#
+#   bash benchmarks/gpu_parity.sh start   # data, launch (setsid), watch WAIT s, collect
+#   bash benchmarks/gpu_parity.sh watch   # watch WAIT s more (or until done), collect
+#
+# Runs share the GPU (--jobs 2 per patch setting, <= 4 at once, <= ~125 GiB) and 16 CPU
+# cores (2 loader workers and 2 threads a run), so their wall times are no speed
+# figure. From the checkout root after `source .device/setup.sh`; results go to $OUT.
+# The background runs live as long as the machine: call `watch` within its idle release.
+set -uo pipefail
+STAGE=${1:?stage: start | watch}
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+WAIT=${WAIT:-540}
+ITERS=${PARITY_ITERS:-200}
+SEEDS=${PARITY_SEEDS:-0,1,2}
+DIR=work_dirs/gpu_parity
+export PYTHONUNBUFFERED=1
+
+launch() {
+  mkdir -p "$DIR"
+  [ -f data/synthetic_kitti/kitti_infos_train.pkl ] || python tools/create_synthetic_data.py \
+    kitti --out data/synthetic_kitti --train-frames 200 --val-frames 20 --no-progress \
+    2>&1 | tail -1
+  local speed
+  speed=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.compat import patching; \
+print(','.join(patching.resolve(['speed'])))" 2>/dev/null | tail -1)
+  local common=(configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --accumulation 2
+    --nproc 2 --seeds "$SEEDS" --iters "$ITERS" --jobs 2
+    --cfg-options train_dataloader.num_workers=2)
+  OMP_NUM_THREADS=2 setsid nohup python tools/benchmark_parity.py "${common[@]}" \
+    --only 1proc_b8_acc2,1proc_b16 --out work_dirs/parity_pv_rcnn_speed_on \
+    > "$DIR/speed_on.log" 2>&1 < /dev/null &
+  OMP_NUM_THREADS=2 MMDET3D_SCALING_SKIP_PATCHES=$speed setsid nohup python \
+    tools/benchmark_parity.py "${common[@]}" --only 1proc_b8_acc2 \
+    --out work_dirs/parity_pv_rcnn_speed_off > "$DIR/speed_off.log" 2>&1 < /dev/null &
+  echo "launched at $(date +%T); speed set: $speed"
+}
+
+running() { pgrep -f "tools/benchmark_parity.py configs/pv_rcnn" > /dev/null; }
+
+watch_runs() {
+  local start=$SECONDS
+  while running && [ $((SECONDS - start)) -lt "$WAIT" ]; do
+    sleep 30
+    echo "== $(date +%T) GPU MiB used: $(nvidia-smi --query-gpu=memory.used \
+      --format=csv,noheader,nounits) | util %: $(nvidia-smi --query-gpu=utilization.gpu \
+      --format=csv,noheader,nounits)" >> "$DIR/watch.log"
+  done
+  running && echo "still running at $(date +%T)" || echo "all runs ended at $(date +%T)"
+}
+
+collect() {
+  grep -h "^\[parity\]" "$DIR"/speed_*.log
+  tail -n 40 "$DIR/watch.log" > "$OUT/watch.log" 2>/dev/null
+  cp "$DIR"/speed_on.log "$DIR"/speed_off.log "$OUT/" 2>/dev/null
+  for s in on off; do
+    for f in parity.json parity.png; do
+      cp "work_dirs/parity_pv_rcnn_speed_$s/$f" "$OUT/speed_${s}_$f" 2>/dev/null
+    done
+  done
+}
+
+case $STAGE in
+start) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+       launch; watch_runs; collect ;;
+watch) watch_runs; collect ;;
+*) echo "unknown stage $STAGE"; exit 2 ;;
+esac
