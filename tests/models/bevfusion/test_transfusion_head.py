@@ -203,3 +203,34 @@ def test_predict_score_is_product_of_heatmap_and_class_score():
         p['query_heatmap_score'][0].gather(0, labels[None])[0]
     assert torch.allclose(res.scores_3d, scores)  # nothing filtered: order kept
     assert torch.equal(res.labels_3d.long(), labels)
+
+
+def test_losses_are_normalised_over_the_micro_batch():
+    """Why `1 process x batch 2` is not `batch 1 x accumulation 2` for this head
+    (docs/parity.md): every loss divides by the positives of the whole micro-batch, so
+    a batch of two frames weights each object equally, while two accumulated batches
+    of one (or two GPUs of one, under DDP) weight each frame equally."""
+    head = _head()
+    head.eval()  # per-frame forward passes identical in the batch and alone
+    torch.manual_seed(0)
+    feats = torch.randn(2, 16, *BEV)
+    batch = toy_batch(seed=3, n_boxes=4)
+    gts = gt_of(batch)
+    gts[0] = gts[0][:1]  # 1 object in the first frame, 4 in the second
+    with torch.no_grad():
+        together = head.loss_by_feat(head(feats, [{}, {}]), gts)
+        alone, heat_pos, box_pos = [], [], []
+        for i in range(2):
+            preds = head(feats[i:i + 1], [{}])
+            alone.append(head.loss_by_feat(preds, gts[i:i + 1]))
+            targets = head.get_targets(gts[i:i + 1], preds[0][0])
+            box_pos.append(max(targets[5], 1))
+            heat_pos.append(max(targets[7].eq(1).sum().item(), 1))
+    assert heat_pos == [1, 4]
+    for key, pos in (('loss_heatmap', heat_pos), ('layer_-1_loss_cls', box_pos),
+                     ('layer_-1_loss_bbox', box_pos)):
+        per_object = sum(a[key] * n for a, n in zip(alone, pos)) / sum(pos)
+        per_frame = (alone[0][key] + alone[1][key]) / 2
+        assert together[key].item() == pytest.approx(per_object.item(), rel=1e-4), key
+        if key == 'loss_heatmap':
+            assert abs(per_frame - per_object) > 0.05 * per_object
