@@ -8,8 +8,7 @@
 #   bash benchmarks/gpu_1x_checks.sh pv_rcnn_vs_stock  # plugin vs stock mmdet3d, equal settings + as shipped
 #   bash benchmarks/gpu_1x_checks.sh bevfusion_amp  # BEVFusion 1 GPU from scratch, 24 GiB:
 #                                              # fp32 / fp16 / bf16 -> bevfusion_1gpu_amp_*.json
-#   PARITY_SPEED=on|off bash benchmarks/gpu_1x_checks.sh parity_pv_rcnn  # docs/parity.md:
-#                                              # PV-RCNN 1-process arrangements, resumable
+#   (parity runs, docs/parity.md: benchmarks/gpu_parity.sh, gpu_parity_bevfusion.sh)
 #   bash benchmarks/gpu_1x_checks.sh camera_decoding  # BEVFusion camera JPEGs: PIL in the
 #                                              # workers vs nvJPEG on the GPU (decode='gpu'),
 #                                              # 48 full-res frames -> camera_decoding_*.json
@@ -117,27 +116,6 @@ camera_decoding)
   timeout 180 python benchmarks/camera_decoding.py --data-root data/nuscenes_camdec \
     --workers 4 --iters ${CAMDEC_STEP_ITERS:-10} --compare 0 --model-step \
     --out "$OUT/camera_decoding_model_step_h200.json" 2>&1 | grep -E "^decode=|Error"
-  ;;
-parity_pv_rcnn)
-  kitti 200
-  # docs/parity.md: PV-RCNN's two 1-process arrangements, speed set on (PARITY_SPEED=on)
-  # or off, seeds PARITY_SEEDS, PARITY_ITERS optimizer steps. A run takes more than one
-  # device call's share, so finished runs travel: each call copies the run records
-  # (parity_run.json, a few KB) to $OUT/parity_records/, and a later call given them in
-  # work_dirs/parity_records/ (carry that path) reuses them instead of training again.
-  name=parity_pv_rcnn_speed_${PARITY_SPEED:-on}
-  [ -d work_dirs/parity_records/$name ] && mkdir -p work_dirs/$name && \
-    cp -r work_dirs/parity_records/$name/. work_dirs/$name/
-  skip=""; [ "${PARITY_SPEED:-on}" = off ] && skip=$SPEED
-  MMDET3D_SCALING_SKIP_PATCHES=$skip timeout ${PARITY_TIMEOUT:-540} python \
-    tools/benchmark_parity.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 \
-    --accumulation 2 --nproc 2 --only 1proc_b8_acc2,1proc_b16 \
-    --seeds ${PARITY_SEEDS:-0,1,2} --iters ${PARITY_ITERS:-400} --out work_dirs/$name \
-    2>&1 | grep -E "^\[parity\]|^\|" | tee "$OUT/$name.txt"
-  mkdir -p "$OUT/parity_records/$name"
-  (cd work_dirs/$name && find . -name parity_run.json -exec cp --parents {} \
-    "$OUT/parity_records/$name/" \;)
-  cp work_dirs/$name/parity.json work_dirs/$name/parity.png "$OUT/" 2>/dev/null
   ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
