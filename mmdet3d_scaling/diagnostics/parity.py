@@ -334,17 +334,18 @@ def _tail(path: str, lines: int = 15) -> str:
         return ''.join(f.readlines()[-lines:])
 
 
-def execute(spec: RunSpec, python: str = sys.executable) -> Dict[str, Any]:
+def execute(spec: RunSpec, python: str = sys.executable, jobs: int = 1) -> Dict[str, Any]:
     """Train and evaluate one run; its record (also saved as ``work_dir/parity_run.json``).
 
     A failed step is recorded with its exit status and the log's last lines, not raised:
-    the other runs still go on.
+    the other runs still go on. ``jobs`` (runs sharing the machine) is recorded beside
+    the wall times.
     """
     os.makedirs(spec.work_dir, exist_ok=True)
     env = _env(python)
     record = dict(arrangement=spec.arrangement.name, seed=spec.seed,
                   work_dir=spec.work_dir, cfg_options=format_options(spec.options),
-                  train_cmd=shlex.join(spec.train_cmd(python)))
+                  train_cmd=shlex.join(spec.train_cmd(python)), runs_at_once=jobs)
     code, train_s = _run(spec.train_cmd(python), osp.join(spec.work_dir, 'train.out'), env)
     record['train_wall_s'] = round(train_s, 1)
     if code:
@@ -702,7 +703,7 @@ def run_benchmark(bench: Benchmark, out: str, python: str = sys.executable,
         futures = {}
         for i in todo:  # the pool starts them in plan order as slots free up
             log(f'{tag(i)}: queued, work dir {bench.runs[i].work_dir}')
-            futures[pool.submit(execute, bench.runs[i], python)] = i
+            futures[pool.submit(execute, bench.runs[i], python, jobs)] = i
         for future in as_completed(futures):
             finish(futures[future], future.result())
     return report

@@ -257,7 +257,7 @@ def test_runs_at_once_keep_the_plan_order(tiny_kitti, tmp_path, capsys):
     report = json.loads((out / 'parity.json').read_text())
     assert [r['arrangement'] for r in report['runs']] == ['1proc_b1_acc4', '1proc_b4']
     assert all(r['status'] == 'ok' for r in report['runs'])
-    assert report['jobs'] == 2
+    assert report['jobs'] == 2 and [r['runs_at_once'] for r in report['runs']] == [2, 2]
     assert capsys.readouterr().out.count(': queued, work dir ') == 2
 
 
