@@ -169,8 +169,11 @@ def test_more_gpus_than_visible_is_named(config, tmp_path):
 
 
 # ------------------------------------------------------------------- work-dir lock
+# Python keeps SIGINT ignored when it starts that way (a job that a non-interactive shell
+# put in the background), so the holder restores Ctrl-C's handler to test it anywhere.
 HOLDER = r'''
-import sys, time
+import signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 from mmdet3d_scaling.engine.work_dir_lock import WorkDirLock
 with WorkDirLock(sys.argv[1], command='holder for a test'):
     print('held', flush=True)
