@@ -9,18 +9,20 @@
 #   bash benchmarks/gpu_parity.sh start   # data, launch (setsid), watch WAIT s, collect
 #   bash benchmarks/gpu_parity.sh watch   # watch WAIT s more (or until done), collect
 #
-# One run per patch setting at a time (JOBS, default 1): PV-RCNN's caching allocator
-# held 33-58 GiB a run when four shared the 140 GiB and two of them ran out of memory.
+# One run per patch setting at a time (JOBS, default 1): four PV-RCNN runs sharing
+# the 140 GiB held 33-58 GiB each and ran out of memory.
 # Shared runs' wall times are no speed figure. From the checkout root after
 # `source .device/setup.sh`; results go to $OUT. The background runs live as long as
 # the machine: call `watch` within its idle release.
 set -uo pipefail
+source "$(dirname "$0")/background_runs.sh"
 STAGE=${1:?stage: start | watch}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 WAIT=${WAIT:-540}
 ITERS=${PARITY_ITERS:-1000}
 JOBS=${JOBS:-1}
 SEEDS=${PARITY_SEEDS:-0,1,2}
+RUNS="tools/benchmark_parity.py configs/pv_rcnn"  # what watch_runs looks for
 DIR=work_dirs/gpu_parity
 export PYTHONUNBUFFERED=1 PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True
 
@@ -44,19 +46,6 @@ print(','.join(patching.resolve(['speed'])))" 2>/dev/null | tail -1)
   echo "launched at $(date +%T); speed set: $speed"
 }
 
-running() { pgrep -f "tools/benchmark_parity.py configs/pv_rcnn" > /dev/null; }
-
-watch_runs() {
-  local start=$SECONDS
-  while running && [ $((SECONDS - start)) -lt "$WAIT" ]; do
-    sleep 30
-    echo "== $(date +%T) GPU MiB used: $(nvidia-smi --query-gpu=memory.used \
-      --format=csv,noheader,nounits) | util %: $(nvidia-smi --query-gpu=utilization.gpu \
-      --format=csv,noheader,nounits)" >> "$DIR/watch.log"
-  done
-  running && echo "still running at $(date +%T)" || echo "all runs ended at $(date +%T)"
-}
-
 collect() {
   grep -h "^\[parity\]" "$DIR"/speed_*.log
   tail -n 40 "$DIR/watch.log" > "$OUT/watch.log" 2>/dev/null
@@ -70,7 +59,7 @@ collect() {
 
 case $STAGE in
 start) nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-       launch; watch_runs; collect ;;
-watch) watch_runs; collect ;;
+       launch; watch_runs "$RUNS"; collect ;;
+watch) watch_runs "$RUNS"; collect ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac

@@ -16,6 +16,7 @@
 # `source .device/setup.sh` (on a CPU: DEVICE=cpu, fp16 is then skipped); results go to
 # $OUT.
 set -uo pipefail
+source "$(dirname "$0")/background_runs.sh"
 STAGE=${1:?stage: start | watch}
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 WAIT=${WAIT:-480}
@@ -24,6 +25,7 @@ CAM_ITERS=${CAM_ITERS:-300}
 SEEDS=${PARITY_SEEDS:-0,1,2}
 DATA=${DATA:-data/synthetic_nuscenes}
 WORKERS=${WORKERS:-2}
+RUNS="tools/benchmark_parity.py configs/bevfusion"  # what watch_runs looks for
 DIR=work_dirs/gpu_parity_bevfusion
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-2}
 
@@ -59,19 +61,6 @@ launch() {
   echo "launched at $(date +%T)"
 }
 
-running() { pgrep -f "tools/benchmark_parity.py configs/bevfusion" > /dev/null; }
-
-watch_runs() {
-  local start=$SECONDS
-  sleep 5
-  while running && [ $((SECONDS - start)) -lt "$WAIT" ]; do
-    sleep 20
-    command -v nvidia-smi > /dev/null && echo "== $(date +%T) GPU MiB used: $(nvidia-smi \
-      --query-gpu=memory.used,utilization.gpu --format=csv,noheader)" >> "$DIR/watch.log"
-  done
-  running && echo "still running at $(date +%T)" || echo "all runs ended at $(date +%T)"
-}
-
 collect() {
   grep -E "^\[parity\] run|Error|error" "$DIR/pipeline.log" | tail -n 40
   tail -n 30 "$DIR/watch.log" > "$OUT/watch.log" 2>/dev/null
@@ -83,7 +72,7 @@ collect() {
 
 case $STAGE in
 start) command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name --format=csv,noheader
-       launch; watch_runs; collect ;;
-watch) watch_runs; collect ;;
+       launch; watch_runs "$RUNS"; collect ;;
+watch) watch_runs "$RUNS"; collect ;;
 *) echo "unknown stage $STAGE"; exit 2 ;;
 esac
