@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One-H200 checks of the patch sets (docs/compat.md, docs/benchmarks.md), in stages that
+# One-H200 checks of the patch sets (docs/patches.md, docs/benchmarks.md), in stages that
 # each fit one device command (<= 10 min). From the checkout root, after
 # `source .device/setup.sh`; results go to $OUT.
 #   bash benchmarks/gpu_1x_checks.sh patches   # import snapshot + speed-patch CUDA tests +
@@ -24,20 +24,20 @@ kitti() {  # kitti FRAMES
     kitti --out data/synthetic_kitti --train-frames "$1" --val-frames 20 --no-progress \
     2>&1 | tail -1
 }
-SPEED=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.compat import patching; \
+SPEED=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.patches import patching; \
 print(','.join(patching.resolve(['speed'])))" 2>/dev/null | tail -1)
 
 case $STAGE in
 patches)
   kitti 200
   # 1. what import changes on a CUDA machine (fixes only), the speed patches' CUDA tests
-  timeout 300 python -m pytest -q -p no:cacheprovider tests/compat/test_import_snapshot.py \
-    tests/compat/test_patching.py tests/compat/test_grouping_backward.py \
-    tests/compat/test_rpn_proposal_nms.py tests/compat/test_stack_query_group.py \
-    tests/compat/test_roi_assign.py tests/compat/test_anchor_targets.py \
-    tests/compat/test_iou_piecewise_sampler.py tests/compat/test_foreground_seg_targets.py \
-    tests/compat/test_rcnn_bbox_targets.py tests/compat/test_max_iou_assigner.py \
-    tests/compat/test_pseudo_sampler.py tests/compat/test_instance_data_index.py \
+  timeout 300 python -m pytest -q -p no:cacheprovider tests/patches/test_import_snapshot.py \
+    tests/patches/test_patching.py tests/patches/speed/test_grouping_backward.py \
+    tests/patches/speed/test_rpn_proposal_nms.py tests/patches/speed/test_stack_query_group.py \
+    tests/patches/speed/test_roi_assign.py tests/patches/speed/test_anchor_targets.py \
+    tests/patches/speed/test_iou_piecewise_sampler.py tests/patches/speed/test_foreground_seg_targets.py \
+    tests/patches/speed/test_rcnn_bbox_targets.py tests/patches/speed/test_max_iou_assigner.py \
+    tests/patches/speed/test_pseudo_sampler.py tests/patches/speed/test_instance_data_index.py \
     > "$OUT/patch_tests.txt" 2>&1; tail -4 "$OUT/patch_tests.txt"
   # 2. mmdet3d's KITTI evaluation (numba CUDA rotated IoU) on this numpy: the demo model's
   #    test split, with the numpy fix and without it
@@ -47,7 +47,7 @@ patches)
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
 import mmdet3d_scaling
-from mmdet3d_scaling.compat import patching
+from mmdet3d_scaling.patches import patching
 cfg = Config.fromfile('configs/demo/pointpillars_synthetic_kitti_cpu.py')
 cfg.work_dir = 'work_dirs/kitti_eval_check'
 metrics = RUNNERS.build(cfg).test()

@@ -176,10 +176,10 @@ pv_rcnn_shims)
   # read shims, without the four target shims only, with all (same machine A/B), then
   # with all on NPROC GPUs.
   CUDA_VISIBLE_DEVICES=0 timeout 150 python -m pytest -q -p no:cacheprovider \
-    tests/compat/test_grouping_backward.py tests/compat/test_rpn_proposal_nms.py \
-    tests/compat/test_stack_query_group.py tests/compat/test_roi_assign.py \
-    tests/compat/test_anchor_targets.py tests/compat/test_iou_piecewise_sampler.py \
-    tests/compat/test_foreground_seg_targets.py tests/compat/test_rcnn_bbox_targets.py \
+    tests/patches/speed/test_grouping_backward.py tests/patches/speed/test_rpn_proposal_nms.py \
+    tests/patches/speed/test_stack_query_group.py tests/patches/speed/test_roi_assign.py \
+    tests/patches/speed/test_anchor_targets.py tests/patches/speed/test_iou_piecewise_sampler.py \
+    tests/patches/speed/test_foreground_seg_targets.py tests/patches/speed/test_rcnn_bbox_targets.py \
     tests/diagnostics/test_profiling.py > "$RES/shim_tests.txt" 2>&1; tail -3 "$RES/shim_tests.txt"
   CUDA_VISIBLE_DEVICES=0 timeout ${CENSUS_TIMEOUT:-150} python \
     tools/analysis/count_host_reads.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py \

@@ -32,7 +32,7 @@ launch() {
     kitti --out data/synthetic_kitti --train-frames 200 --val-frames 20 --no-progress \
     2>&1 | tail -1
   local speed
-  speed=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.compat import patching; \
+  speed=$(python -c "import mmdet3d_scaling; from mmdet3d_scaling.patches import patching; \
 print(','.join(patching.resolve(['speed'])))" 2>/dev/null | tail -1)
   local common=(configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --accumulation 2
     --nproc 2 --seeds "$SEEDS" --iters "$ITERS" --jobs "$JOBS"

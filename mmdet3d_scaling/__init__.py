@@ -5,18 +5,22 @@ in a config) registers the plugin's runner, hooks, models, transforms and DDP wr
 into mmengine's / mmdet3d's registries and applies the ``fixes`` patch set (plus the
 ``cpu`` set where torch has no CUDA). Nothing else changes until a config asks:
 ``runner_type = 'ScalingRunner'`` or a plugin key (``scaling``, ``optimizer_config``,
-``fp16``, ``distributed``, ``patches``, ...). See ``docs/compat.md`` for every patch.
+``fp16``, ``distributed``, ``patches``, ...). See ``docs/patches.md`` for every patch.
+
+The package is layered (``docs/architecture.md``); each layer imports only the layers
+below it, which ``tests/test_layers.py`` checks.
 """
 from .version import __version__
-from . import compat  # noqa: F401  (declares the patches; mmcv ops checked first)
-from .compat import patching as _patching
+from . import patches  # noqa: F401  (declares the patches; mmcv ops checked first)
+from .engine import runner_handoff  # noqa: F401  (a fixes patch that lives by the runner)
+from .patches import patching as _patching
 
 _patching.apply(_patching.default_selection())
 
 from . import config, engine  # noqa: E402,F401  (config before engine.runner)
 from .engine import runner as _runner  # noqa: E402,F401  (registers ScalingRunner)
 from . import datasets, hooks, models  # noqa: E402,F401
-from .engine.parallel import ScalingDistributedDataParallel  # noqa: E402,F401
+from .parallel import ScalingDistributedDataParallel  # noqa: E402,F401
 from .engine.runner import ScalingRunner  # noqa: E402
 
 __all__ = ['__version__', 'ScalingRunner']

@@ -4,7 +4,7 @@
 Searches with ``AutoBatchSizeHook``, finds the largest batch that fits without margin
 (confirmed by training on random batches), then trains ``--iters`` iterations; prints a
 table and writes JSON (``--out``, default ``WORK_DIR/benchmark_auto_batch_size.json``).
-The steps and figures: :mod:`mmdet3d_scaling.batch_size.benchmark` and
+The steps and figures: :mod:`mmdet3d_scaling.diagnostics.batch_size_benchmark` and
 docs/auto_batch_size.md#benchmark.
 
 Usage::
@@ -23,7 +23,7 @@ from mmengine.config import DictAction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mmdet3d_scaling.batch_size import benchmark  # noqa: E402
-from mmdet3d_scaling.diagnostics import progress  # noqa: E402
+from mmdet3d_scaling.utils import progress  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -105,7 +105,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help='rendezvous port (default: a free port; give one for '
                         'several nodes)')
     p.add_argument('--timeout', type=int, default=3600, help='seconds a run may take')
-    # the flag of every long-running tool (mmdet3d_scaling.diagnostics.progress), declared
+    # the flag of every long-running tool (mmdet3d_scaling.utils.progress), declared
     # here because importing the plugin before parsing would slow a usage error down
     p.add_argument('--no-progress', action='store_true',
                    help='no progress bars (runs done, iterations of the current run, '
@@ -133,7 +133,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     """Parse the arguments and run the benchmark; its result (``{}`` off node 0)."""
     args = parse_args(argv)
     # imported after parsing: the plugin's import takes seconds, a usage error should not
-    from mmdet3d_scaling.diagnostics import progress
+    from mmdet3d_scaling.utils import progress
     from mmdet3d_scaling.diagnostics.scaling_benchmark import run_benchmark
     progress.configure(args)
     return run_benchmark(args)

@@ -19,7 +19,7 @@ _base_ = [
 ]
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
 runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it
-patches = ['speed']  # fewer GPU -> CPU waits in the heads: docs/compat.md
+patches = ['speed']  # fewer GPU -> CPU waits in the heads: docs/patches.md
 
 data_root = 'data/synthetic_kitti/'
 class_names = ['Pedestrian', 'Cyclist', 'Car']

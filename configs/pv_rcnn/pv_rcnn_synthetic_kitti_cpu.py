@@ -1,7 +1,7 @@
 # PV-RCNN smoke recipe for a CPU on synthetic KITTI-format data: the full model (sparse
 # encoder on spconv's CPU path, voxel set abstraction, RPN, RoI-grid head), its CUDA-only
 # point ops replaced on CPU tensors by the PyTorch twins of
-# mmdet3d_scaling/compat/point_ops_cpu.py.
+# mmdet3d_scaling/patches/cpu/point_ops_cpu.py.
 #
 #   python tools/create_synthetic_data.py kitti --out data/synthetic_kitti
 #   python tools/train.py configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py

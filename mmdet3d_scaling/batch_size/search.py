@@ -17,7 +17,7 @@ Memory is read through a probe (:mod:`.memory_probe`): the CUDA allocator on a G
 model of the device on a CPU.
 
 Rank 0 shows a progress bar of the trials (phase, batch size; an ETA once the
-bisection's length is known) under :mod:`mmdet3d_scaling.diagnostics.progress`'s policy.
+bisection's length is known) under :mod:`mmdet3d_scaling.utils.progress`'s policy.
 """
 import contextlib
 import copy
@@ -36,7 +36,7 @@ from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper
 from torch import nn
 
-from ..diagnostics import progress
+from ..utils import progress
 from ..engine.optim_state import (count_state, optim_wrappers, restore_count_state,
                                   step_every_call)
 from .memory_probe import MemoryProbe

@@ -25,7 +25,7 @@ a typo fails on a laptop, not on the cluster.
 ``cpu_affinity='split'`` is applied by the ScalingRunner after it is built, before the
 loader workers start: each local rank of a host (``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``,
 set by torchrun) keeps a disjoint share of the CPUs it was started with, whole cores and
-one NUMA node where that costs no rank a CPU (``engine/parallel/cpu_affinity.py``).
+one NUMA node where that costs no rank a CPU (``parallel/cpu_affinity.py``).
 """
 import os
 from typing import Any, Dict
@@ -34,9 +34,9 @@ import torch
 from mmengine.config import Config
 from mmengine.logging import print_log
 
-from ..engine.parallel.cpu_affinity import MODES as CPU_AFFINITY_MODES
-from ..engine.parallel.ddp_wrapper import COMM_COMPRESSIONS
-from ..engine.parallel.sync_bn import IMPLEMENTATIONS, check_scope_format
+from ..parallel.cpu_affinity import MODES as CPU_AFFINITY_MODES
+from ..parallel.ddp_wrapper import COMM_COMPRESSIONS
+from ..parallel.sync_bn import IMPLEMENTATIONS, check_scope_format
 from .validators import merge, positive_number
 
 WRAPPER = 'ScalingDistributedDataParallel'

@@ -125,12 +125,14 @@ def _set_clip_grad(cfg: Config, clip: dict, place: str) -> None:
     wrapper['clip_grad'] = dict(clip)
 
 
-def translate_optimizer_config(cfg: Config) -> Config:
+def translate_optimizer_config(cfg: Config,
+                               scaling_accumulation: Optional[int] = None) -> Config:
     """mmcv 1.x ``optimizer_config`` and the accumulation hook -> mmengine settings.
 
     The accumulation count may come from ``optimizer_config.cumulative_iters``, the
     hook in ``custom_hooks``, ``optim_wrapper.accumulative_counts`` or the ``scaling``
-    recipe's ``accumulation``; all that are present must agree. When the legacy key or
+    recipe's accumulation (``scaling_accumulation``, worked out once by
+    :func:`mmdet3d_scaling.config.prepare_config`); all that are present must agree. When the legacy key or
     the hook is present, the result is one hook in ``custom_hooks`` and
     ``optim_wrapper.accumulative_counts`` set to the same value.
     """
@@ -147,7 +149,7 @@ def translate_optimizer_config(cfg: Config) -> Config:
     if isinstance(wrapper, dict) and 'accumulative_counts' in wrapper:
         sources.append(('optim_wrapper.accumulative_counts', positive_int(
             'optim_wrapper.accumulative_counts', wrapper['accumulative_counts'])))
-    derived = _scaling_accumulation(cfg) if sources else None
+    derived = scaling_accumulation if sources else None
     if derived is not None:
         sources.append(('scaling (derived accumulation)', derived))
     merge('gradient accumulation counts', sources)
@@ -180,22 +182,6 @@ def translate_optimizer_config(cfg: Config) -> Config:
     cfg.custom_hooks = kept + [hook]
     _use_optimizer_step_schedulers(cfg)
     return cfg
-
-
-def _scaling_accumulation(cfg: Config) -> Optional[int]:
-    """The accumulation the ``scaling`` recipe derived (or will derive), if any."""
-    record = cfg.get('scaling_plan')  # written by config/scaling_recipe.py
-    if isinstance(record, dict) and isinstance(record.get('plan'), dict):
-        return record['plan'].get('accumulation')
-    scaling = cfg.get('scaling')
-    if not isinstance(scaling, dict) or not scaling:
-        return None
-    if scaling.get('accumulation') is not None:
-        return scaling['accumulation']
-    # Not applied yet (this step runs first): derive it the way the recipe will.
-    from ..engine.launcher import world_size
-    from .scaling_recipe import plan_from_config
-    return plan_from_config(cfg, world_size(cfg.get('launcher', 'none'))).accumulation
 
 
 def _use_optimizer_step_schedulers(cfg: Config) -> None:
@@ -272,7 +258,7 @@ def resolve_auto_amp(bf16_supported: bool, loss_scale: Any = None) -> Dict[str, 
 
 def _auto_amp(amp: dict) -> Dict[str, Any]:
     """Resolve ``dtype='auto'`` on this machine and log the choice with its reason."""
-    from ..compat.amp_cpu import accelerator_available
+    from ..patches.cpu.amp_cpu import accelerator_available
     supported, reason = cuda_bf16_supported()
     wanted = resolve_auto_amp(supported, amp.get('loss_scale'))
     if supported:
@@ -283,7 +269,7 @@ def _auto_amp(amp: dict) -> Dict[str, Any]:
         note = f'float16 autocast with loss_scale={wanted["loss_scale"]!r}'
         if not accelerator_available():
             note += (' (no GPU here: AmpOptimWrapper then runs bf16 autocast on the CPU '
-                     'without loss scaling, see compat/amp_cpu.py)')
+                     'without loss scaling, see patches/cpu/amp_cpu.py)')
     print_log(f"amp dtype='auto': {reason}, so {note}. Set amp.dtype='float16' or "
               "'bfloat16' to choose.", logger='current', level=logging.INFO)
     return wanted

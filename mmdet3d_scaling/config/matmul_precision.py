@@ -5,26 +5,22 @@ convolutions already use TF32). mmcv's sparse convolutions and the point / RoI h
 3D detectors are built on ``mm``, so on Ampere and newer GPUs allowing TF32 there speeds
 fp32 training up without touching the model. The value is PyTorch's own
 (:func:`torch.set_float32_matmul_precision`): 'highest' (PyTorch's default), 'high'
-(TF32) or 'medium' (bf16 products).
+(TF32) or 'medium' (bf16 products). This step only checks the value; the run applies it
+to its process when it starts (``engine/run_settings.py``).
 """
-import torch
+from typing import Optional
+
 from mmengine.config import Config
-from mmengine.logging import print_log
 
 PRECISIONS = ('highest', 'high', 'medium')
 
 
-def configure_matmul_precision(cfg: Config) -> None:
-    """Apply ``cfg.float32_matmul_precision`` to this process (absent: no change)."""
+def check_matmul_precision(cfg: Config) -> Optional[str]:
+    """``cfg.float32_matmul_precision``, checked (None when absent)."""
     value = cfg.get('float32_matmul_precision')
-    if value is None:
-        return
-    if value not in PRECISIONS:
+    if value is not None and value not in PRECISIONS:
         raise ValueError(
             f'float32_matmul_precision={value!r} is not one of {PRECISIONS}: use '
             "'high' for TF32 matrix products, 'highest' for PyTorch's full-precision "
             'default, or remove the key.')
-    if torch.get_float32_matmul_precision() != value:
-        torch.set_float32_matmul_precision(value)
-        print_log(f'float32 matmul precision: {value!r} (torch.set_float32_matmul_'
-                  'precision)', logger='current')
+    return value

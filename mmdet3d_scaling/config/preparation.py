@@ -3,21 +3,22 @@
 :class:`mmdet3d_scaling.engine.ScalingRunner` calls :func:`prepare_config` once, on a
 copy of the config, before the Runner is built. Every step is a pure ``cfg -> cfg``
 function of this package and idempotent: preparing a prepared config changes nothing.
-The data preflight is not a step here: it runs when the runner knows which loaders a
-command uses (:mod:`mmdet3d_scaling.config.preflight`).
+Nothing here changes process-wide state: what a config asks of the process (TF32,
+trusted checkpoints) is applied where the run starts (``engine/run_settings.py``).
+The data preflight is not a step here either: it runs when the runner knows which
+loaders a command uses (:mod:`mmdet3d_scaling.config.preflight`).
 """
 from typing import List
 
 from mmengine.config import Config
 
-from ..compat.checkpoint import trust_checkpoints
-from ..engine.launcher import resolve_launcher, world_size
+from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
 from .auto_batch_size import configure_auto_batch_size
 from .devices import configure_devices
 from .distributed import configure_distributed
 from .legacy_keys import translate_amp_config, translate_optimizer_config
-from .matmul_precision import configure_matmul_precision
-from .scaling_recipe import apply_scaling_recipe
+from .matmul_precision import check_matmul_precision
+from .scaling_recipe import accumulation_in_force, apply_scaling_recipe, planned
 
 #: top-level keys that only this plugin reads (mmengine ignores them)
 PLUGIN_KEYS = ('scaling', 'optimizer_config', 'fp16', 'amp', 'distributed',
@@ -48,23 +49,31 @@ def plugin_keys(cfg: Config) -> List[str]:
     return found
 
 
-def apply_trusted_checkpoints(cfg: Config) -> None:
-    """``trusted_checkpoints = [...]`` in a config: allow full unpickling of those files."""
+def trusted_checkpoint_paths(cfg: Config) -> List[str]:
+    """``trusted_checkpoints`` (a path or a list of paths), checked, as a list."""
     paths = cfg.get('trusted_checkpoints') or []
     if isinstance(paths, str):
         paths = [paths]
-    trust_checkpoints(paths)
+    if not isinstance(paths, (list, tuple)) or not all(isinstance(p, str) for p in paths):
+        raise ValueError(f'trusted_checkpoints must be a path or a list of paths, got '
+                         f'{paths!r}')
+    return list(paths)
 
 
 def prepare_config(cfg: Config) -> Config:
     """Apply the plugin's config steps in order and return ``cfg`` (modified in place)."""
-    cfg.launcher = resolve_launcher(cfg.get('launcher', 'none'))
-    apply_trusted_checkpoints(cfg)
+    launcher = cfg.get('launcher') or 'none'
+    # tools/train.py resolved it already; a config of its own may say 'auto'
+    cfg.launcher = launcher if launcher in LAUNCHERS else resolve_launcher(launcher)
+    trusted_checkpoint_paths(cfg)
     configure_devices(cfg)
-    configure_matmul_precision(cfg)
+    check_matmul_precision(cfg)
     configure_auto_batch_size(cfg)  # before the recipe: turns 'auto' into the hook
-    translate_optimizer_config(cfg)  # mmcv 1.x optimizer_config, accumulation hook
+    world = world_size(cfg.launcher)
+    plan = planned(cfg, world)  # worked out once, for the accumulation translation too
+    translate_optimizer_config(  # mmcv 1.x optimizer_config, accumulation hook
+        cfg, scaling_accumulation=accumulation_in_force(cfg, plan))
     translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp
-    apply_scaling_recipe(cfg, world_size(cfg.launcher))  # after accumulation translation
+    apply_scaling_recipe(cfg, world, plan)  # after accumulation translation
     configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
     return cfg

@@ -442,10 +442,29 @@ def _fold_auto_scale_lr(cfg: Config, world_size: int) -> None:
               'is switched off).', logger='current')
 
 
-def apply_scaling_recipe(cfg: Config, world_size: int) -> Config:
+def planned(cfg: Config, world_size: int) -> Optional[ScalingPlan]:
+    """The plan the config's ``scaling`` asks for on ``world_size`` GPUs (None without
+    ``scaling``)."""
+    if not cfg.get('scaling'):
+        return None
+    return plan_from_config(cfg, world_size)
+
+
+def accumulation_in_force(cfg: Config, plan: Optional[ScalingPlan]) -> Optional[int]:
+    """The accumulation the earlier config steps must agree with: the recorded plan's in
+    a config prepared before (a run-time replan records its own), else ``plan``'s."""
+    record = cfg.get(RECORD_KEY)
+    if isinstance(record, dict) and isinstance(record.get('plan'), dict):
+        return record['plan'].get('accumulation')
+    return plan.accumulation if plan is not None else None
+
+
+def apply_scaling_recipe(cfg: Config, world_size: int,
+                         plan: Optional[ScalingPlan] = None) -> Config:
     """``prepare_config`` step: turn ``cfg.scaling`` into batch/accumulation/LR settings.
 
     Without ``scaling``: only ``auto_scale_lr`` is corrected for accumulation.
+    ``plan``: :func:`planned` for this config when the caller has it already.
     """
     if not cfg.get('scaling'):
         _fold_auto_scale_lr(cfg, world_size)
@@ -463,7 +482,7 @@ def apply_scaling_recipe(cfg: Config, world_size: int) -> Config:
             f'config also sets it to {user_acc} (optim_wrapper.accumulative_counts or '
             'optimizer_config.cumulative_iters). Remove that setting and state the '
             'effective batch with scaling.total_batch_size.')
-    plan = plan_from_config(cfg, world_size)
+    plan = plan or plan_from_config(cfg, world_size)
     apply_plan(cfg, plan)
     cap = cfg.scaling.get('max_per_gpu_batch_size') or _original_value(
         cfg, ('train_dataloader', 'batch_size'))

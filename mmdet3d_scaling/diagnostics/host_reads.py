@@ -29,7 +29,7 @@ READ_OPS = frozenset({
     'item', 'tolist', 'cpu', 'numpy', 'nonzero', 'argwhere', 'masked_select', 'unique',
     'unique_consecutive', '__bool__', '__int__', '__float__', '__index__'})
 DEFAULT_EXCLUDE = ('/torch/optim/', '/torch/nn/utils/clip_grad',
-                   'mmdet3d_scaling/compat/point_ops_cpu.py')
+                   'mmdet3d_scaling/patches/cpu/point_ops_cpu.py')
 
 
 def caller_site(frames: List[traceback.FrameSummary]) -> str:

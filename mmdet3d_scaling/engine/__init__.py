@@ -1,8 +1,6 @@
-"""Runner-side machinery: the ScalingRunner, launchers, command lines, DDP wrapping.
+"""Running a job: the ScalingRunner, its hand-off from ``Runner.from_cfg``, the command
+lines of ``tools/train.py`` / ``tools/test.py``, the work-dir lock, and the owners of
+mmengine's private runner and optimizer-wrapper state (``optim_state``).
 
-``runner`` (ScalingRunner) and ``cli`` are imported by the package itself after
-``config``, which needs ``launcher`` from here: keep this module light.
+``runner`` and ``cli`` are imported by the package itself after ``config``.
 """
-from .launcher import detect_launcher, resolve_launcher
-
-__all__ = ['detect_launcher', 'resolve_launcher']

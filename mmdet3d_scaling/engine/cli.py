@@ -4,7 +4,7 @@ The same flags as mmdet3d 1.4's tools (so scripts written for them keep working)
 
 - ``--launcher auto``: detect torchrun / Slurm (an ``srun`` step) / MPI from the
   environment;
-- launch checks (:func:`mmdet3d_scaling.engine.launcher.check_launch`): no ``--launcher``
+- launch checks (:func:`mmdet3d_scaling.parallel.launcher.check_launch`): no ``--launcher``
   under torchrun / srun / mpirun stops (the processes would train apart in one work
   dir); an explicit launcher without its variables stops, naming them;
 - one training run per work dir (:mod:`mmdet3d_scaling.engine.work_dir_lock`): rank 0
@@ -23,9 +23,9 @@ from mmengine.logging import print_log
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner
 
-from ..compat.checkpoint import trust_checkpoints
-from .launcher import CHOICES as LAUNCHER_CHOICES
-from .launcher import check_launch, launch_rank, resolve_launcher, shutdown_distributed
+from ..patches.fixes.checkpoint import trust_checkpoints
+from ..parallel.launcher import CHOICES as LAUNCHER_CHOICES
+from ..parallel.launcher import check_launch, launch_rank, resolve_launcher, shutdown_distributed
 from .work_dir_lock import locked_work_dir
 
 

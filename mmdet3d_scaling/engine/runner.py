@@ -26,7 +26,7 @@ from mmengine.runner.base_loop import BaseLoop
 from mmengine.runner.loops import _InfiniteDataloaderIterator
 from mmengine.runner.utils import calc_dynamic_intervals
 
-from ..compat import patching
+from ..patches import patching
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
 from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
@@ -35,7 +35,8 @@ from ..registry import check_replaced_types
 from . import batchnorm_momentum as bn
 from . import checkpoint_match as match
 from .optim_state import reset_to_initial, scale_lr, set_accumulation
-from .parallel.cpu_affinity import apply_cpu_affinity
+from .run_settings import apply_run_settings
+from ..parallel.cpu_affinity import apply_cpu_affinity
 from .work_dir_lock import run_locked
 
 
@@ -67,6 +68,7 @@ class ScalingRunner(Runner):
         found = plugin_keys(cfg)
         in_effect = _select_patches(cfg)
         prepare_config(cfg)
+        apply_run_settings(cfg)
         print_log(f"ScalingRunner: plugin keys in this config: {', '.join(found) or 'none'}"
                   f"\npatches in effect:\n{patching.table(in_effect) if in_effect else '  none'}",
                   logger='current')

@@ -268,7 +268,7 @@ class WorkDirLock:
 
 def _duplicate_launch_hint() -> str:
     """A second holder inside a multi-process launch is a launcher mistake, not a user's."""
-    from .launcher import found_launch
+    from ..parallel.launcher import found_launch
     found = found_launch()
     if found is None:
         return ''

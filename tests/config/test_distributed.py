@@ -7,7 +7,7 @@ from mmengine.config import Config
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.config.preparation import prepare_config
 from mmdet3d_scaling.config.distributed import configure_distributed
-from tests.engine.parallel.dist_parts import toy_cfg
+from tests.parallel.dist_parts import toy_cfg
 
 
 def _prepared(tmp_path, launcher='pytorch', **extra) -> Config:

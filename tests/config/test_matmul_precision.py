@@ -1,10 +1,12 @@
-"""``float32_matmul_precision``: applied by prepare_config, bad values are clear errors."""
+"""``float32_matmul_precision``: checked by prepare_config (which leaves the process
+alone), applied at the run's start; bad values are clear errors."""
 import pytest
 import torch
 from mmengine.config import Config
 
 from mmdet3d_scaling.config import prepare_config
-from mmdet3d_scaling.config.matmul_precision import configure_matmul_precision
+from mmdet3d_scaling.config.matmul_precision import check_matmul_precision
+from mmdet3d_scaling.engine.run_settings import apply_run_settings
 
 
 @pytest.fixture
@@ -14,18 +16,20 @@ def restore_precision():
     torch.set_float32_matmul_precision(before)
 
 
-def test_prepare_config_sets_the_process_precision(restore_precision):
+def test_prepare_config_leaves_the_process_alone(restore_precision):
     torch.set_float32_matmul_precision('highest')
-    prepare_config(Config(dict(float32_matmul_precision='high')))
+    cfg = prepare_config(Config(dict(float32_matmul_precision='high')))
+    assert torch.get_float32_matmul_precision() == 'highest'
+    apply_run_settings(cfg)
     assert torch.get_float32_matmul_precision() == 'high'
 
 
 def test_absent_key_changes_nothing(restore_precision):
     torch.set_float32_matmul_precision('medium')
-    configure_matmul_precision(Config(dict()))
+    apply_run_settings(Config(dict()))
     assert torch.get_float32_matmul_precision() == 'medium'
 
 
 def test_bad_value_names_it_and_the_choices(restore_precision):
     with pytest.raises(ValueError, match=r"float32_matmul_precision='tf32'.*'high'"):
-        configure_matmul_precision(Config(dict(float32_matmul_precision='tf32')))
+        check_matmul_precision(Config(dict(float32_matmul_precision='tf32')))

@@ -11,7 +11,7 @@ import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.config.preparation import prepare_config
 from mmdet3d_scaling.config.scaling_recipe import (ScalingPlan, apply_plan, format_plan,
                                                    make_plan, plan_hint, recorded_plan)
-from tests.engine.parallel.dist_parts import toy_cfg
+from tests.parallel.dist_parts import toy_cfg
 
 MMDET3D_CONFIGS = osp.join(osp.dirname(__import__('mmdet3d').__file__), '.mim', 'configs')
 

@@ -1,5 +1,5 @@
 """PV-RCNN, the full model, trains and predicts on a CPU through a real Runner: the
-CUDA-only point ops run as the PyTorch twins of mmdet3d_scaling/compat/point_ops_cpu.py
+CUDA-only point ops run as the PyTorch twins of mmdet3d_scaling/patches/cpu/point_ops_cpu.py
 (configs/pv_rcnn/pv_rcnn_synthetic_kitti_cpu.py on synthetic KITTI-format frames)."""
 import math
 import os.path as osp

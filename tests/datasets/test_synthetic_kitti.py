@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.compat.point_loading import CorruptPointCloudError
+from mmdet3d_scaling.patches.fixes.point_loading import CorruptPointCloudError
 from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
 from tests.datasets.synthetic_helpers import ROOT, demo_config
 

@@ -293,7 +293,7 @@ def test_metric_on_ground_truth_and_on_shuffled(root, tmp_path):
 
 def test_metric_without_detections_reports_zero(root, tmp_path):
     # mmdet3d 1.4 + devkit crash on an empty result ("Invalid box type: None");
-    # mmdet3d_scaling.compat.nuscenes_metric reports zeros instead.
+    # mmdet3d_scaling.patches.fixes.nuscenes_metric reports zeros instead.
     from mmdet3d.evaluation.metrics import NuScenesMetric
     from mmdet3d.structures import LiDARInstance3DBoxes
     dataset = _dataset(root, 'val', test_mode=True)

@@ -36,7 +36,7 @@ import json
 from mmengine.config import Config
 from mmengine.registry import RUNNERS
 import mmdet3d_scaling
-from mmdet3d_scaling.compat import patching
+from mmdet3d_scaling.patches import patching
 from tests.toy import toy_runner_cfg
 before = patching.applied()
 cfg = Config(toy_runner_cfg({str(tmp_path)!r}, max_iters=2, runner_type='ScalingRunner',
@@ -48,7 +48,7 @@ print(json.dumps(dict(before=before, after=patching.applied())))
                           cwd=ROOT, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    from mmdet3d_scaling.compat import patching
+    from mmdet3d_scaling.patches import patching
     speed = set(patching.resolve(['speed']))
     assert not speed & set(result['before'])
     assert speed <= set(result['after'])

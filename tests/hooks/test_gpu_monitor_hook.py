@@ -308,7 +308,7 @@ class InfAt(ToyDataset):
 class RealScaler(Hook):
     """Gives the AmpOptimWrapper a real, enabled GradScaler before the monitor attaches.
 
-    On this CPU machine compat/amp_cpu.py builds AmpOptimWrapper with loss scaling off;
+    On this CPU machine patches/cpu/amp_cpu.py builds AmpOptimWrapper with loss scaling off;
     torch's CPU GradScaler runs the same scale / unscale / skip / update code as CUDA's.
     """
 

@@ -1,7 +1,7 @@
 """ScalingPlanHook in one process: the plan in checkpoints, conversion on resume.
 
 The two-process resume (1 GPU with accumulation -> 2 GPUs) is in
-``tests/engine/parallel/test_ddp_runner.py``; here the per-GPU batch changes instead.
+``tests/parallel/test_ddp_runner.py``; here the per-GPU batch changes instead.
 """
 import json
 import os.path as osp
@@ -11,7 +11,7 @@ import torch
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
-from tests.engine.parallel.dist_parts import params_of, toy_cfg
+from tests.parallel.dist_parts import params_of, toy_cfg
 
 
 def _train(work_dir, name, **kw) -> Runner:

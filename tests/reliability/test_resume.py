@@ -27,7 +27,7 @@ from mmengine.runner import Runner
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.engine import cli
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import CHECKPOINT_KEY
-from tests.engine.parallel.dist_parts import spawn_checks, toy_cfg
+from tests.parallel.dist_parts import spawn_checks, toy_cfg
 from tests.toy import ToyRegressor
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -1,6 +1,6 @@
 """tools/analysis/count_host_reads.py on the demo PointPillars (CPU): the counts, and
-the reads that compat/max_iou_assigner.py removes, with and without that shim (and
-without compat/anchor_targets.py, which bypasses the assigner)."""
+the reads that patches/speed/max_iou_assigner.py removes, with and without that shim (and
+without patches/speed/anchor_targets.py, which bypasses the assigner)."""
 import json
 import os
 import subprocess
@@ -34,7 +34,7 @@ def counts(tmp_path_factory):
     base = tmp_path_factory.mktemp('host_reads')
     config = write_demo_config(str(base))
     # anchor_targets off in both: it takes PointPillars' per-class targets past the
-    # assigner altogether (its own reads: tests/compat/test_anchor_targets.py)
+    # assigner altogether (its own reads: tests/patches/speed/test_anchor_targets.py)
     return (_count(base, config, 'upstream', 'max_iou_assigner,anchor_targets'),
             _count(base, config, 'shimmed', 'anchor_targets', '--launches', '--cuda-api'))
 

@@ -1,7 +1,7 @@
 """Every command-line argument of every tool has help text.
 
 Each tool under ``tools/`` and ``tools/analysis/`` (found by globbing, so a new tool is
-covered without listing it) and ``python -m mmdet3d_scaling.compat`` runs as a user runs
+covered without listing it) and ``python -m mmdet3d_scaling.patches`` runs as a user runs
 it, ``python tools/X.py --help``, in a subprocess. A ``sitecustomize`` module on that
 process's path records the real parser at the moment argparse prints the help (through
 ``ArgumentParser.print_help``, what ``-h`` calls): every action, those of subcommands
@@ -27,7 +27,7 @@ from mmdet3d_scaling.engine import cli
 REPO = Path(__file__).resolve().parents[2]
 TOOLS = sorted(p.relative_to(REPO).as_posix()
                for p in [*REPO.glob('tools/*.py'), *REPO.glob('tools/analysis/*.py')])
-MODULES = ['mmdet3d_scaling.compat']
+MODULES = ['mmdet3d_scaling.patches']
 
 # Written into the subprocess's sitecustomize: observes the parser, changes nothing.
 RECORDER = textwrap.dedent('''\

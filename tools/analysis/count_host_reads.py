@@ -43,7 +43,7 @@ from mmengine.config import Config, DictAction  # noqa: E402
 from mmengine.runner import Runner  # noqa: E402
 
 import mmdet3d_scaling  # noqa: E402,F401
-from mmdet3d_scaling.diagnostics import progress  # noqa: E402
+from mmdet3d_scaling.utils import progress  # noqa: E402
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus  # noqa: E402
 from mmdet3d_scaling.diagnostics.launch_census import LaunchCensus  # noqa: E402
 

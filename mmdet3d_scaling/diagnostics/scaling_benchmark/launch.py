@@ -14,7 +14,7 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from .. import progress
+from ...utils import progress
 from . import tracking
 
 HERE = os.path.dirname(os.path.abspath(__file__))

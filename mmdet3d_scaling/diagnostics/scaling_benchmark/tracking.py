@@ -4,7 +4,7 @@ iterations of the run in flight (with an ETA each).
 The plan (:func:`planned_runs`) counts the runs the options ask for; the run bar moves
 when a run finishes. Each run's processes write ``progress.json`` (iterations done /
 total, :class:`.worker.ProgressFileHook`) in its work dir, which the launcher reads while
-it waits (:meth:`RunTracker.poll`). Bars follow :mod:`mmdet3d_scaling.diagnostics.progress`
+it waits (:meth:`RunTracker.poll`). Bars follow :mod:`mmdet3d_scaling.utils.progress`
 (stderr, terminals only, ``--no-progress``).
 """
 import argparse
@@ -13,7 +13,7 @@ import json
 import os
 from typing import Any, Iterator, List, Optional
 
-from .. import progress
+from ...utils import progress
 
 PROGRESS_FILE = 'progress.json'
 

@@ -462,7 +462,7 @@ def run_worker(spec_path: str) -> None:
     if spec.get('progress'):
         runner.register_hook(ProgressFileHook(spec['progress']), priority='LOWEST')
     runner.train()
-    from mmdet3d_scaling.engine.launcher import shutdown_distributed
+    from mmdet3d_scaling.parallel.launcher import shutdown_distributed
     shutdown_distributed(runner)  # drops the DDP wrapper before the process group
 
 

@@ -1,0 +1,160 @@
+"""Speed, memory and a kernel profile of one config's training step on one GPU.
+
+What ``tools/analysis/benchmark_train_step.py`` measures, for any mmdet3d config (the
+plugin's or stock mmdet3d's), at a given micro-batch and precision:
+
+- ``samples_per_s``: micro-batch size / median wall time of a micro-batch after the
+  warm-up (CUDA-synchronised at each iteration end; data loading included);
+- ``peak_allocated_gib`` / ``peak_reserved_gib``: the allocator's peaks over the measured
+  iterations, with the peak statistics reset after the warm-up, so cuDNN autotune
+  workspaces of the first iterations are not counted;
+- ``profile``: the GPU's busy share over the profiled iterations (union of kernel
+  intervals / wall time) and the top kernels by GPU time with their share.
+
+The run is mmengine's own (``Runner.from_cfg`` or the config's ``runner_type``) with an
+iteration-based loop of ``warmup + iters + profile`` micro-batches, accumulation 1, no
+validation and no checkpoints.
+"""
+import statistics
+import time
+from typing import Any, Dict, List, Optional, Tuple
+
+import torch
+from mmengine.config import Config
+from mmengine.hooks import Hook
+
+GIB = 2 ** 30
+PRECISIONS = {'fp32': None, 'bf16': 'bfloat16', 'fp16': 'float16'}
+
+
+def configure(cfg: Config, batch: int, precision: str, iters: int,
+              workers: Optional[int] = None) -> Config:
+    """``cfg`` set to train ``iters`` micro-batches of ``batch`` at ``precision``."""
+    if precision not in PRECISIONS:
+        raise ValueError(f'precision {precision!r} is not one of {", ".join(PRECISIONS)}')
+    if batch < 1 or iters < 1:
+        raise ValueError(f'batch ({batch}) and iterations ({iters}) must be positive')
+    if cfg.get('scaling'):  # the plugin's recipe: one micro-batch per optimizer step
+        cfg.scaling = dict(cfg.scaling, total_batch_size=batch, per_gpu_batch_size=batch)
+        cfg.scaling.pop('max_per_gpu_batch_size', None)
+    cfg.train_dataloader.batch_size = batch
+    if workers is not None:
+        cfg.train_dataloader.num_workers = workers
+        cfg.train_dataloader.persistent_workers = workers > 0
+    cfg.optim_wrapper.pop('accumulative_counts', None)
+    cfg.pop('optimizer_config', None)
+    cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
+                        if 'Cumulative' not in str(h.get('type'))
+                        and 'AutoBatchSize' not in str(h.get('type'))]
+    cfg.pop('auto_batch_size', None)
+    cfg.pop('amp', None)
+    cfg.pop('fp16', None)
+    dtype = PRECISIONS[precision]
+    if dtype is None:
+        cfg.optim_wrapper.type = 'OptimWrapper'
+        for key in ('dtype', 'loss_scale'):
+            cfg.optim_wrapper.pop(key, None)
+    else:
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.dtype = dtype
+        cfg.optim_wrapper.loss_scale = 'dynamic' if dtype == 'float16' else 1.0
+    cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=10 ** 9)
+    cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
+    cfg.test_cfg = cfg.test_dataloader = cfg.test_evaluator = None
+    cfg.param_scheduler = []
+    cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=10 ** 9,
+                                        by_epoch=False, save_last=False)
+    cfg.default_hooks.logger = dict(type='LoggerHook', interval=10)
+    return cfg
+
+
+def busy_share(intervals: List[Tuple[float, float]], wall_us: float) -> float:
+    """Share of ``wall_us`` covered by at least one of ``intervals`` (start, end)."""
+    covered, end = 0.0, float('-inf')
+    for start, stop in sorted(intervals):
+        if stop <= end:
+            continue
+        covered += stop - max(start, end)
+        end = stop
+    return covered / wall_us if wall_us > 0 else 0.0
+
+
+def kernel_summary(prof: Any, iters: int, wall_s: float, top: int = 12) -> Dict[str, Any]:
+    """GPU busy share and the top kernels (GPU time per iteration and share of all)."""
+    kernels = [e for e in prof.events()
+               if getattr(e, 'device_type', None) is not None
+               and str(e.device_type).endswith('CUDA')]
+    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
+    total_us = sum(e.time_range.elapsed_us() for e in kernels)
+    by_name: Dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
+    return dict(
+        iterations=iters, wall_ms_per_iter=1e3 * wall_s / iters,
+        gpu_busy_share=busy_share(spans, wall_s * 1e6),
+        kernel_ms_per_iter=total_us / 1e3 / iters,
+        top_kernels=[dict(name=name[:120], ms_per_iter=us / 1e3 / iters,
+                          share=us / total_us if total_us else 0.0)
+                     for name, us in rows])
+
+
+class TrainStepProbe(Hook):
+    """Times micro-batches, reads peak memory after the warm-up, profiles the last ones.
+
+    Args:
+        warmup (int): micro-batches before the measurement (cuDNN autotune, allocator
+            growth); peak statistics are reset when they end.
+        iters (int): measured micro-batches.
+        profile (int): micro-batches profiled after the measured ones (0: none).
+        batch (int): samples per micro-batch.
+    """
+
+    priority = 'VERY_LOW'
+
+    def __init__(self, warmup: int, iters: int, profile: int, batch: int) -> None:
+        self.warmup, self.iters, self.profile, self.batch = warmup, iters, profile, batch
+        self.times: List[float] = []
+        self.peaks: Tuple[int, int] = (0, 0)
+        self.summary: Optional[Dict[str, Any]] = None
+        self._t = 0.0
+        self._prof = None
+        self._prof_t = 0.0
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        """Start the clock (and the profiler for the profiled micro-batches)."""
+        if runner.iter == self.warmup + self.iters and self.profile:
+            from torch.profiler import ProfilerActivity, profile
+            self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
+            self._prof.__enter__()
+            self._prof_t = time.perf_counter()
+        torch.cuda.synchronize()
+        self._t = time.perf_counter()
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None,
+                         outputs=None) -> None:
+        """Stop the clock; reset the peaks after the warm-up; end the profile."""
+        torch.cuda.synchronize()
+        done = runner.iter + 1  # mmengine counts this iteration after the hooks
+        if self.warmup < done <= self.warmup + self.iters:
+            self.times.append(time.perf_counter() - self._t)
+        if done == self.warmup:
+            torch.cuda.reset_peak_memory_stats()
+        if done == self.warmup + self.iters:
+            self.peaks = (torch.cuda.max_memory_allocated(),
+                          torch.cuda.max_memory_reserved())
+        if self._prof is not None and done == self.warmup + self.iters + self.profile:
+            wall = time.perf_counter() - self._prof_t
+            self._prof.__exit__(None, None, None)
+            self.summary = kernel_summary(self._prof, self.profile, wall)
+            self._prof = None
+
+    def figures(self) -> Dict[str, Any]:
+        """The run's figures (see the module docstring)."""
+        median = statistics.median(self.times) if self.times else float('nan')
+        return dict(batch=self.batch, warmup=self.warmup, measured=len(self.times),
+                    median_s_per_micro_batch=median,
+                    samples_per_s=self.batch / median if self.times else None,
+                    peak_allocated_gib=self.peaks[0] / GIB,
+                    peak_reserved_gib=self.peaks[1] / GIB,
+                    profile=self.summary)

@@ -1,0 +1,1 @@
+"""The ``cpu`` patch set: one declared patch a module (see ../patching.py)."""

@@ -1,0 +1,201 @@
+"""Safe checkpoint loading for mmengine 0.10.x on torch >= 2.6.
+
+mmengine 0.10.7 calls ``torch.load(filename, map_location=...)`` without
+``weights_only``. torch >= 2.6 defaults to ``weights_only=True`` and then refuses the
+objects every mmengine checkpoint holds (the message hub's ``HistoryBuffer``, numpy
+arrays in its logs), so ``--resume`` and ``load_from=`` break.
+
+The shim re-registers mmengine's local-file and http(s) checkpoint schemes with a loader
+that keeps ``weights_only=True`` and allows exactly the globals mmengine checkpoints
+contain (:data:`MMENGINE_CHECKPOINT_GLOBALS`). A file that needs anything else is
+refused with an error naming the globals; full unpickling (which can run arbitrary code)
+happens only for files the user declared trusted, one by one:
+
+- ``tools/train.py ... --trust-checkpoint PATH`` (repeatable), or
+- ``trusted_checkpoints = ['PATH', ...]`` in the config, or
+- ``MMDET3D_SCALING_TRUSTED_CHECKPOINTS=PATH1:PATH2`` in the environment (what the
+  other two set, so that every rank of a distributed run sees it).
+
+There is deliberately no switch that trusts every file.
+"""
+import os
+import os.path as osp
+import pickle
+from typing import Any, Iterable, List, Optional
+
+import torch
+
+from ..patching import Change, Patch, declare
+
+UPSTREAM = 'mmengine 0.10.x with torch >= 2.6'
+TRUSTED_ENV = 'MMDET3D_SCALING_TRUSTED_CHECKPOINTS'
+
+
+class UntrustedCheckpointError(pickle.UnpicklingError):
+    """A checkpoint holds objects outside the allow-list and was not declared trusted."""
+
+
+def _numpy_globals() -> List[Any]:
+    import numpy as np
+    core = getattr(np, '_core', None) or np.core  # numpy 2 renamed core -> _core
+    found = [np.ndarray, np.dtype, core.multiarray._reconstruct, core.multiarray.scalar]
+    # numpy >= 1.25 pickles dtypes as instances of per-type classes (Float64DType, ...).
+    dtypes = getattr(np, 'dtypes', None)
+    if dtypes is not None:
+        found += [getattr(dtypes, n) for n in dir(dtypes) if n.endswith('DType')]
+    return found
+
+
+_HISTORY_BUFFER_STATISTICS = {'min', 'max', 'current', 'mean'}
+
+
+def history_buffer_method(owner: Any, name: str) -> Any:
+    """Stands in for ``builtins.getattr`` while unpickling, limited to what it must do.
+
+    A pickled ``HistoryBuffer`` holds its statistics methods (``HistoryBuffer.min``...),
+    which pickle writes as ``getattr(HistoryBuffer, 'min')``. Allowing the real
+    ``getattr`` would let a crafted file reach arbitrary attributes; this resolves only
+    registered statistics methods of ``HistoryBuffer``.
+    """
+    from mmengine.logging.history_buffer import HistoryBuffer
+    # The built-in statistics are registered lazily (in the first __init__), so a fresh
+    # process knows them only by name; custom ones are registered at import time.
+    known = _HISTORY_BUFFER_STATISTICS | set(HistoryBuffer._statistics_methods)
+    if owner is HistoryBuffer and name in known:
+        return getattr(owner, name)
+    raise pickle.UnpicklingError(
+        f'checkpoint asks for getattr({owner!r}, {name!r}); only HistoryBuffer '
+        'statistics methods are allowed')
+
+
+def mmengine_checkpoint_globals() -> List[Any]:
+    """Everything a checkpoint written by mmengine 0.10's Runner unpickles to."""
+    from mmengine.logging.history_buffer import HistoryBuffer
+    from mmengine.config.config import ConfigDict
+    return [HistoryBuffer, ConfigDict, (history_buffer_method, 'builtins.getattr'),
+            *_numpy_globals()]
+
+
+def _global_name(entry: Any) -> str:
+    if isinstance(entry, tuple):
+        return entry[1]
+    return f'{entry.__module__}.{entry.__qualname__}'
+
+
+def trusted_paths() -> List[str]:
+    """Absolute paths the user declared trusted (see module docstring)."""
+    raw = os.environ.get(TRUSTED_ENV, '')
+    return [osp.abspath(osp.expanduser(p)) for p in raw.split(os.pathsep) if p]
+
+
+def trust_checkpoints(paths: Iterable[str]) -> None:
+    """Declare checkpoint files trusted for full unpickling (this process and children)."""
+    known = trusted_paths()
+    for path in paths:
+        full = osp.abspath(osp.expanduser(str(path)))
+        if full not in known:
+            known.append(full)
+    os.environ[TRUSTED_ENV] = os.pathsep.join(known)
+
+
+def _unsafe_globals(filename: str) -> List[str]:
+    getter = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint', None)
+    if getter is None:
+        return []
+    try:
+        return sorted(getter(filename))
+    except Exception:  # the file may not be a zip checkpoint; the error says enough
+        return []
+
+
+def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
+    """``torch.load`` a checkpoint: allow-listed unless the file is declared trusted."""
+    filename = osp.expanduser(filename)
+    if not osp.isfile(filename):
+        raise FileNotFoundError(f'checkpoint {filename} can not be found.')
+    if osp.abspath(filename) in trusted_paths():
+        return torch.load(filename, map_location=map_location, weights_only=False)
+    safe_globals = getattr(torch.serialization, 'safe_globals', None)
+    if safe_globals is None:  # torch < 2.5 has no allow-list API and loads fully anyway
+        return torch.load(filename, map_location=map_location)
+    allowed = mmengine_checkpoint_globals()
+    with safe_globals(allowed):
+        try:
+            return torch.load(filename, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as err:
+            known = {_global_name(a) for a in allowed}
+            extra = [g for g in _unsafe_globals(filename) if g not in known]
+            raise UntrustedCheckpointError(
+                f'checkpoint {filename} contains objects outside the mmengine '
+                f'allow-list{": " + ", ".join(extra) if extra else ""}. Loading it '
+                'would run arbitrary code. If you trust this file, pass '
+                f'`--trust-checkpoint {filename}` to tools/train.py or tools/test.py, '
+                f'or add it to `trusted_checkpoints` in the config. Details: {err}'
+            ) from err
+
+
+def _node_local_rank(rank: int) -> int:
+    """This process's rank on its node, from the launcher's variables.
+
+    torchrun and mmengine's Slurm setup set ``LOCAL_RANK``; Open MPI sets
+    ``OMPI_COMM_WORLD_LOCAL_RANK``, Slurm ``SLURM_LOCALID``. Without any of them the
+    global rank stands in (one node).
+    """
+    for key in ('LOCAL_RANK', 'OMPI_COMM_WORLD_LOCAL_RANK', 'SLURM_LOCALID'):
+        if key in os.environ:
+            return int(os.environ[key])
+    return rank
+
+
+def _load_from_http(filename: str, map_location: Any = None,
+                    model_dir: Optional[str] = None) -> Any:
+    """Download once per node (its local rank 0), then load through the allow-list.
+
+    Every node has its own cache (``$TORCH_HOME/checkpoints`` is usually node-local), so
+    local rank 0 of each node downloads, not global rank 0 alone; the others wait for it.
+    A failed download is reported on every rank (instead of leaving the others waiting
+    at a barrier, or failing later with a FileNotFoundError for the cached file).
+    """
+    from mmengine.dist import get_dist_info
+    from torch.hub import download_url_to_file, get_dir
+
+    cache_dir = model_dir or osp.join(get_dir(), 'checkpoints')
+    cached = osp.join(cache_dir, osp.basename(filename.split('?')[0]))
+    rank, world_size = get_dist_info()
+    error = None
+    if _node_local_rank(rank) == 0 and not osp.isfile(cached):
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+            download_url_to_file(filename, cached, progress=False)
+        except Exception as err:  # noqa: BLE001  (reported on every rank below)
+            error = f'rank {rank}: {type(err).__name__}: {err}'
+    if world_size > 1:  # also the barrier: every node's download is done after it
+        errors = [None] * world_size
+        torch.distributed.all_gather_object(errors, error)
+        error = next((e for e in errors if e is not None), None)
+    if error is not None:
+        raise RuntimeError(f'downloading checkpoint {filename} to {cached} failed ({error})')
+    if not osp.isfile(cached):
+        raise FileNotFoundError(
+            f'checkpoint {filename} is not in this node\'s cache {cached} after the '
+            'download: LOCAL_RANK does not say which process downloads on this node; set '
+            'it (torchrun does), or download the file and give its path.')
+    return load_checkpoint_file(cached, map_location)
+
+
+def _changes() -> List[Change]:
+    """Replace the loaders of mmengine's local and http(s) schemes (the scheme table is
+    mmengine's extension point for checkpoint loading)."""
+    from mmengine.runner.checkpoint import CheckpointLoader
+    schemes = CheckpointLoader._schemes
+    return [Change(schemes, '', load_checkpoint_file),
+            Change(schemes, 'http://', _load_from_http),
+            Change(schemes, 'https://', _load_from_http)]
+
+
+PATCH = declare(Patch(
+    name='checkpoint', kind='fixes',
+    targets=('mmengine.runner.checkpoint.CheckpointLoader._schemes',),
+    upstream=UPSTREAM, changes=_changes,
+    why='torch >= 2.6 refuses mmengine checkpoints (torch.load without weights_only): '
+        'weights_only with an allow-list, full unpickling only for trusted files'))

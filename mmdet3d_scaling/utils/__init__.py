@@ -1,0 +1,1 @@
+"""Small helpers every layer may use; they import nothing else from the package."""

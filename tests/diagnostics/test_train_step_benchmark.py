@@ -1,0 +1,36 @@
+"""The train-step benchmark's pure parts: busy share and the config it trains."""
+import pytest
+from mmengine.config import Config
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d_scaling.diagnostics.train_step_benchmark import busy_share, configure
+
+BEVFUSION = 'configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py'
+ONE_GPU = 'configs/bevfusion_1gpu.py'
+
+
+def test_busy_share_counts_overlaps_once():
+    assert busy_share([(0, 10), (5, 15), (20, 30)], 40) == pytest.approx(25 / 40)
+    assert busy_share([(0, 10), (2, 3)], 10) == 1.0
+    assert busy_share([], 10) == 0.0
+
+
+@pytest.mark.parametrize('path', [BEVFUSION, ONE_GPU])
+def test_configure_trains_micro_batches_at_the_precision(path):
+    cfg = configure(Config.fromfile(path), batch=4, precision='bf16', iters=7, workers=2)
+    assert cfg.train_dataloader.batch_size == 4
+    assert cfg.train_dataloader.num_workers == 2
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    assert cfg.optim_wrapper.dtype == 'bfloat16'
+    assert 'accumulative_counts' not in cfg.optim_wrapper
+    assert cfg.train_cfg == dict(type='IterBasedTrainLoop', max_iters=7, val_interval=10 ** 9)
+    assert cfg.get('amp') is None and cfg.val_dataloader is None
+    if cfg.get('scaling'):
+        assert cfg.scaling.total_batch_size == 4 and cfg.scaling.per_gpu_batch_size == 4
+
+
+def test_configure_fp32_and_bad_values():
+    cfg = configure(Config.fromfile(ONE_GPU), batch=2, precision='fp32', iters=3)
+    assert cfg.optim_wrapper.type == 'OptimWrapper' and 'dtype' not in cfg.optim_wrapper
+    with pytest.raises(ValueError, match="precision 'tf32'"):
+        configure(Config.fromfile(ONE_GPU), batch=2, precision='tf32', iters=3)

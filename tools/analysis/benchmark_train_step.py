@@ -1,0 +1,116 @@
+#!/usr/bin/env python
+"""Samples/s, peak memory after warm-up and a kernel profile of a config's training step.
+
+One GPU, one process: trains ``--warmup`` + ``--iters`` + ``--profile`` micro-batches of
+``--batch`` at ``--precision`` and prints / saves the figures of
+:mod:`mmdet3d_scaling.diagnostics.train_step_benchmark` (median time per micro-batch,
+peak allocated and reserved after the warm-up, GPU busy share and top kernels).
+Several precisions run one after the other in the same process::
+
+    python tools/analysis/benchmark_train_step.py \\
+        configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \\
+        --batch 4 --precision bf16,fp32 --workers 4 --out bevfusion_b4.json
+
+``--stock`` runs a config without importing the plugin (stock mmdet3d as shipped);
+``--threads N`` sets torch's intra-op threads (0: torch's default).
+"""
+import argparse
+import gc
+import json
+import os.path as osp
+import sys
+import traceback
+from typing import List, Optional
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
+
+
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from mmengine.config import DictAction
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('config')
+    p.add_argument('--batch', type=int, default=4, help='samples per micro-batch')
+    p.add_argument('--precision', default='bf16',
+                   help='comma-separated: fp32, bf16, fp16 (AMP with autocast)')
+    p.add_argument('--warmup', type=int, default=10, help='micro-batches not measured')
+    p.add_argument('--iters', type=int, default=20, help='measured micro-batches')
+    p.add_argument('--profile', type=int, default=5,
+                   help='micro-batches profiled after the measured ones (0: none)')
+    p.add_argument('--workers', type=int, default=None, help='loader workers')
+    p.add_argument('--threads', type=int, default=0,
+                   help="torch intra-op threads (0: torch's default)")
+    p.add_argument('--cap-gib', type=float, default=0,
+                   help='limit this process to this much GPU memory (0: no cap)')
+    p.add_argument('--stock', action='store_true',
+                   help='do not import mmdet3d_scaling (stock mmdet3d)')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction)
+    p.add_argument('--work-dir', default='work_dirs/benchmark_train_step')
+    p.add_argument('--out', default=None, help='JSON file for the results')
+    return p.parse_args(argv)
+
+
+def run_one(args: argparse.Namespace, precision: str) -> dict:
+    import torch
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+    from mmengine.runner import Runner
+
+    from mmdet3d_scaling.diagnostics.train_step_benchmark import TrainStepProbe, configure
+    cfg = Config.fromfile(args.config)
+    if args.cfg_options:
+        cfg.merge_from_dict(args.cfg_options)
+    total = args.warmup + args.iters + args.profile
+    configure(cfg, args.batch, precision, total, args.workers)
+    cfg.work_dir = osp.join(args.work_dir, precision)
+    runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
+    probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch)
+    runner.register_hook(probe)
+    runner.train()
+    return dict(config=args.config, precision=precision, stock=args.stock,
+                threads=torch.get_num_threads(), gpu=torch.cuda.get_device_name(),
+                torch=torch.__version__, cap_gib=args.cap_gib,
+                cfg_options=args.cfg_options, **probe.figures())
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    args = parse_args(argv)
+    import torch
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.stock:
+        from mmdet3d.utils import register_all_modules
+        register_all_modules(init_default_scope=False)
+    else:
+        import mmdet3d_scaling  # noqa: F401
+    if args.cap_gib:
+        total = torch.cuda.get_device_properties(0).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(args.cap_gib * 2 ** 30 / total, 1.0))
+    results = []
+    for precision in args.precision.split(','):
+        try:
+            result = run_one(args, precision)
+        except Exception as err:  # keep the other precisions' results
+            traceback.print_exc()
+            result = dict(config=args.config, precision=precision,
+                          error=f'{type(err).__name__}: {err}')
+        results.append(result)
+        brief = {k: result.get(k) for k in ('precision', 'samples_per_s',
+                                            'peak_allocated_gib', 'peak_reserved_gib',
+                                            'error')}
+        prof = result.get('profile') or {}
+        print(f'== {json.dumps(brief)}', flush=True)
+        if prof:
+            print(f"   GPU busy {prof['gpu_busy_share']:.1%}, kernels "
+                  f"{prof['kernel_ms_per_iter']:.1f} ms of {prof['wall_ms_per_iter']:.1f} "
+                  'ms per micro-batch; top kernels:')
+            for row in prof['top_kernels']:
+                print(f"   {row['share']:6.1%} {row['ms_per_iter']:8.2f} ms  {row['name']}")
+        gc.collect()
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, 'w') as f:
+            json.dump(results, f, indent=1, default=str)
+
+
+if __name__ == '__main__':
+    main()
