@@ -15,6 +15,7 @@ from ..engine.launcher import resolve_launcher, world_size
 from .auto_batch_size import configure_auto_batch_size
 from .devices import configure_devices
 from .distributed import configure_distributed
+from .fastest_fit import configure_fastest_fit
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import configure_matmul_precision
 from .scaling_recipe import apply_scaling_recipe
@@ -62,6 +63,7 @@ def prepare_config(cfg: Config) -> Config:
     apply_trusted_checkpoints(cfg)
     configure_devices(cfg)
     configure_matmul_precision(cfg)
+    configure_fastest_fit(cfg)  # scaling.memory_budget; refuses auto batch size too
     configure_auto_batch_size(cfg)  # before the recipe: turns 'auto' into the hook
     translate_optimizer_config(cfg)  # mmcv 1.x optimizer_config, accumulation hook
     translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp
