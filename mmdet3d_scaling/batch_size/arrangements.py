@@ -132,10 +132,12 @@ class Arrangement:
     checkpointing: bool
 
     def label(self) -> str:
-        return f'batch {self.batch_size}, checkpointing {"on" if self.checkpointing else "off"}'
+        mode = 'on' if self.checkpointing else 'off'
+        return f'batch {self.batch_size}, checkpointing {mode}'
 
 
-def preference_order(batch_sizes: Sequence[int], can_checkpoint: bool) -> List[Arrangement]:
+def preference_order(batch_sizes: Sequence[int],
+                     can_checkpoint: bool) -> List[Arrangement]:
     """Largest batch first; at each batch without checkpointing first (faster when it
     fits), then with it. Without checkpointing to switch, one arrangement a batch."""
     modes = (False, True) if can_checkpoint else (False,)
@@ -219,8 +221,16 @@ def agree_speeds(speeds: Sequence[Optional[float]]) -> List[Optional[float]]:
     return [None if v < 0 else float(v) for v in values.tolist()]
 
 
-def _gib(num_bytes: Optional[int]) -> str:
-    return 'n/a' if num_bytes is None else f'{num_bytes / GiB:.2f} GiB'
+def format_bytes(num_bytes: Optional[int]) -> str:
+    """``'17.25 GiB'``, or MiB below 1 GiB (modelled devices); ``'n/a'`` for None."""
+    if num_bytes is None:
+        return 'n/a'
+    if num_bytes >= GiB:
+        return f'{num_bytes / GiB:.2f} GiB'
+    return f'{num_bytes / 2**20:.2f} MiB'
+
+
+_gib = format_bytes
 
 
 def _peak_allocated(probe: MemoryProbe) -> Optional[int]:
@@ -239,7 +249,8 @@ def format_trials(trials: Sequence[ArrangementTrial], chosen: Optional[Arrangeme
         fits = 'OOM' if t.oom else ('yes' if t.fits else 'no')
         mark = '  <- chosen' if chosen == t.arrangement else ''
         lines.append(f'{t.arrangement.label():<32} {fits:<5} {speed:>9} '
-                     f'{_gib(t.peak_allocated_bytes):>11} {_gib(t.peak_reserved_bytes):>13}'
+                     f'{_gib(t.peak_allocated_bytes):>11} '
+                     f'{_gib(t.peak_reserved_bytes):>13}'
                      f'{mark}')
     return '\n'.join(lines)
 
@@ -388,10 +399,11 @@ class ArrangementFinder:
         speeds = agree_speeds([t.samples_per_s for t in self.trials])
         pick = choose(speeds, self.min_gain)
         if pick is None:
+            local = all(t.samples_per_s is None for t in self.trials)
             raise RuntimeError(
                 f'fastest fit: no arrangement trains in {_gib(self.limit_bytes)} '
                 f'({self.margin:.0%} of the {_gib(self.budget_bytes)} budget kept free) '
-                f'on {"this rank" if all(t.samples_per_s is None for t in self.trials) else "another rank"}:\n'
+                f'on {"this rank" if local else "another rank"}:\n'
                 f'{format_trials(self.trials, None, self.limit_bytes)}\n'
                 'Raise scaling.memory_budget, lower the margin, add batch 1 to the '
                 'arrangements, or enable gradient checkpointing (with_cp) in the model.')

@@ -20,7 +20,8 @@ from mmengine.model import is_model_wrapper
 from mmdet3d.registry import HOOKS
 
 from ..batch_size.arrangements import (ArrangementFinder, CheckpointSwitch, FitResult,
-                                       ModeledCheckpointingProbe, format_trials,
+                                       ModeledCheckpointingProbe, format_bytes,
+                                       format_trials,
                                        parse_memory_budget, preference_order)
 from ..batch_size.cache import ResultCache, cache_key
 from ..batch_size.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
@@ -31,7 +32,6 @@ from ..engine.optim_state import optim_wrappers
 from ..engine.runner import require_scaling_runner
 from ..registry import register
 
-GiB = 2**30
 PROBE_TYPES = {'ModeledMemoryProbe': ModeledMemoryProbe,
                'ModeledCheckpointingProbe': ModeledCheckpointingProbe}
 
@@ -154,7 +154,8 @@ class FastestFitHook(Hook):
                                'configured (with_cp), so only batch sizes are compared.')
         elif not self.try_checkpointing:
             runner.logger.info('fastest fit: try_checkpointing=False: every arrangement '
-                               f'without the configured checkpointing ({switch.describe()}).')
+                               'without the configured checkpointing '
+                               f'({switch.describe()}).')
         key = cache_key(self._key_parts(runner, model, probe, world_size, arrangements,
                                         budget))
         cache = FitCache(osp.join(runner.work_dir, self.cache_file))
@@ -212,7 +213,7 @@ class FastestFitHook(Hook):
         return [d for d in range(1, upper + 1) if per_rank % d == 0]
 
     def _budget(self, runner) -> Optional[int]:
-        """Bytes of the budget: the hook's or ``scaling.memory_budget`` (they must agree)."""
+        """Bytes of the budget: the hook's or ``scaling.memory_budget`` (must agree)."""
         scaling = runner.cfg.get('scaling') or {}
         sources = [('FastestFitHook memory_budget', self.memory_budget),
                    ('scaling.memory_budget', scaling.get('memory_budget'))]
@@ -300,18 +301,16 @@ class FastestFitHook(Hook):
                          else 'checkpointing off')
         source = (f'from the cache {cache_path} (no search)' if result.from_cache else
                   f'{len(result.trials)} trials in {result.seconds:.1f} s')
-        plan = self.plan
+        plan, size = self.plan, format_bytes
         return (
             f'fastest fit: per-GPU batch {result.batch_size}, {checkpointing}, '
             f'{self._precision(runner.optim_wrapper)}: {result.samples_per_s:.2f} '
-            f'samples/s in the trial; peak after warm-up {_gib(result.peak_allocated_bytes)}'
-            f' allocated, {_gib(result.peak_reserved_bytes)} reserved, within '
-            f'{_gib(result.limit_bytes)} ({result.margin:.0%} of the '
-            f'{_gib(result.budget_bytes)} budget kept free) on {result.device_name}; '
+            f'samples/s in the trial; peak after warm-up '
+            f'{size(result.peak_allocated_bytes)} allocated, '
+            f'{size(result.peak_reserved_bytes)} reserved, within '
+            f'{size(result.limit_bytes)} ({result.margin:.0%} of the '
+            f'{size(result.budget_bytes)} budget kept free) on {result.device_name}; '
             f'{source}; {plan.world_size} GPU(s) x {plan.per_gpu_batch} x '
             f'{plan.accumulation} accumulation = {plan.total_batch}.\n'
             + format_trials(result.trials, result.arrangement, result.limit_bytes))
 
-
-def _gib(num_bytes: Optional[int]) -> str:
-    return 'n/a' if num_bytes is None else f'{num_bytes / GiB:.2f} GiB'

@@ -186,6 +186,7 @@ def test_prepared_one_gpu_bevfusion_config_asks_for_it():
     cfg = prepare_config(cfg)
     assert [h['type'] for h in cfg.custom_hooks].count('FastestFitHook') == 1
     plan = cfg.scaling_plan['plan']
-    assert (plan['per_gpu_batch'], plan['accumulation'], plan['total_batch']) == (4, 8, 32)
+    assert [plan[k] for k in ('per_gpu_batch', 'accumulation', 'total_batch')] == \
+        [4, 8, 32]
     assert cfg.model.img_backbone.with_cp and cfg.model.view_transform.with_cp
     assert cfg.model.view_transform.memory_efficient
