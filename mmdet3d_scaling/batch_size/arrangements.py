@@ -318,13 +318,12 @@ class ArrangementFinder:
         capacity = self.probe.capacity_bytes()
         if budget is None:
             return capacity
-        if budget > capacity:
+        if budget > capacity + 2**20:  # a cap of exactly the budget rounds below it
             print_log(f'fastest fit: the memory budget {_gib(budget)} is more than the '
                       f'{_gib(capacity)} this device has ({self.probe.device_name()}): '
                       f'fitting into {_gib(capacity)} instead.', logger='current',
                       level=logging.WARNING)
-            return capacity
-        return int(budget)
+        return min(int(budget), capacity)
 
     @property
     def limit_bytes(self) -> int:
