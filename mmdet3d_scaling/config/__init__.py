@@ -7,6 +7,7 @@
 | distributed       | ``distributed`` (DDP wrapper options, SyncBN, timeout)        |
 | devices           | none: gloo and CPU-style DDP where there is no CUDA           |
 | auto_batch_size   | ``auto_batch_size``, ``scaling.per_gpu_batch_size='auto'``     |
+| fastest_fit       | ``scaling.memory_budget`` (fastest arrangement that fits)   |
 | matmul_precision  | ``float32_matmul_precision``                                |
 | preflight         | ``preflight``: the data paths a command will read            |
 | validators        | shared checks (positive ints, conflicting settings)         |

@@ -16,6 +16,7 @@ from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
 from .auto_batch_size import configure_auto_batch_size
 from .devices import configure_devices
 from .distributed import configure_distributed
+from .fastest_fit import configure_fastest_fit
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import check_matmul_precision
 from .scaling_recipe import accumulation_in_force, apply_scaling_recipe, planned
@@ -68,6 +69,7 @@ def prepare_config(cfg: Config) -> Config:
     trusted_checkpoint_paths(cfg)
     configure_devices(cfg)
     check_matmul_precision(cfg)
+    configure_fastest_fit(cfg)  # scaling.memory_budget; refuses auto batch size too
     configure_auto_batch_size(cfg)  # before the recipe: turns 'auto' into the hook
     world = world_size(cfg.launcher)
     plan = planned(cfg, world)  # worked out once, for the accumulation translation too

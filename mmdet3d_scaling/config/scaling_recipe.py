@@ -9,6 +9,7 @@ A config states what it wants once::
         per_gpu_batch_size=None,    # None: as large as allowed (see below)
         max_per_gpu_batch_size=None,  # None: the config's train_dataloader.batch_size
         bn_momentum='per_step',     # 'per_step' | 'per_forward' (BatchNorm statistics)
+        memory_budget=None,         # '24GiB': fastest batch / checkpointing that fits
     )
 
 and :func:`apply_scaling_recipe` (a :func:`prepare_config` step) derives the per-GPU
@@ -42,7 +43,8 @@ from .validators import positive_int as _positive_int
 
 LR_SCALINGS = ('linear', 'sqrt', 'none')
 SCALING_KEYS = ('total_batch_size', 'base_batch_size', 'lr_scaling',
-                'per_gpu_batch_size', 'max_per_gpu_batch_size', 'bn_momentum')
+                'per_gpu_batch_size', 'max_per_gpu_batch_size', 'bn_momentum',
+                'memory_budget')
 BN_MOMENTUM_MODES = ('per_step', 'per_forward')
 # Where apply_plan records what it did, so that applying again (a prepared config
 # prepared twice, or a new plan at runtime) starts from the user's values.

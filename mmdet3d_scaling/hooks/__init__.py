@@ -4,4 +4,5 @@ from .gradient_cumulative_optimizer_hook import GradientCumulativeOptimizerHook 
 from .optimizer_step_param_scheduler_hook import OptimizerStepParamSchedulerHook  # noqa: F401,E501
 from .scaling_plan_hook import ScalingPlanHook  # noqa: F401
 from .auto_batch_size_hook import AutoBatchSizeHook  # noqa: F401
+from .fastest_fit_hook import FastestFitHook  # noqa: F401
 from .garbage_collection_hook import GarbageCollectionHook  # noqa: F401

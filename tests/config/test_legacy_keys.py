@@ -194,7 +194,7 @@ def test_bevfusion_1gpu_recipe_uses_auto(tmp_path):
     native, _ = cuda_bf16_supported()
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
     assert cfg.optim_wrapper.dtype == resolve_auto_amp(native)['dtype']
-    assert cfg.optim_wrapper.accumulative_counts == 16
+    assert cfg.scaling_plan['plan']['total_batch'] == 32
 
 
 def test_auto_trains_through_runner_on_this_machine(tmp_path):

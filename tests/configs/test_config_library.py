@@ -52,7 +52,7 @@ ALIASES.update({
     'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_nus-3d.py':
         'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py',
     'bevfusion_1gpu.py':
-        'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py',
+        'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_fit-24gib-amp-6e_nus-3d.py',
 })
 
 
@@ -147,12 +147,20 @@ def test_former_names_are_one_line_aliases(old):
     assert _load(path).to_dict() == _load(target).to_dict()
 
 
-def test_the_one_gpu_bevfusion_name_says_its_plan(monkeypatch):
-    """configs/bevfusion_1gpu.py (alias) = 2 a GPU x 1 x accumulation 16 with AMP, as the
-    canonical name ..._1xb2-amp-acc16-6e_nus-3d.py says."""
-    cfg = _prepared(osp.join(CONFIGS, 'bevfusion_1gpu.py'), 1, monkeypatch)
+def test_the_one_gpu_bevfusion_names_say_their_plans(monkeypatch):
+    """..._1xb2-amp-acc16-6e_nus-3d.py = 2 a GPU x 1 x accumulation 16 with AMP, as its
+    name says; configs/bevfusion_1gpu.py (alias of ..._fit-24gib-amp-6e_nus-3d.py)
+    chooses the fastest arrangement in 24 GiB at start, from 4 x 1 x 8 down."""
+    fixed = 'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py'
+    cfg = _prepared(osp.join(CONFIGS, fixed), 1, monkeypatch)
     assert cfg.train_dataloader.batch_size == 2
     assert cfg.optim_wrapper.accumulative_counts == 16
+    assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
+    cfg = _prepared(osp.join(CONFIGS, 'bevfusion_1gpu.py'), 1, monkeypatch)
+    assert cfg.scaling.memory_budget == '24GiB'
+    assert 'FastestFitHook' in [h['type'] for h in cfg.custom_hooks]
+    assert cfg.train_dataloader.batch_size == 4
+    assert cfg.optim_wrapper.accumulative_counts == 8
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
 
 
