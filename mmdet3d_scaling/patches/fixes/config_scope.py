@@ -39,7 +39,8 @@ UPSTREAM = 'mmengine 0.10.x'
 SCOPE = 'mmdet3d_scaling'
 DISTRIBUTION = 'mmdet3d-scaling'
 CONFIG_SCOPE = 'mmdet3d'  # the registry scope our configs are written for
-MIM_CONFIGS = osp.join(osp.dirname(osp.dirname(osp.abspath(__file__))), '.mim', 'configs')
+MIM_CONFIGS = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))), '.mim',
+                       'configs')
 
 
 def _relative(cfg_path: str) -> str:
