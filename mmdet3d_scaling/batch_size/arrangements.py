@@ -15,11 +15,9 @@ modules, BEVFusion's ``checkpoint_modules``), so one built model serves every tr
 """
 import gc
 import logging
-import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from mmengine import dist
@@ -31,41 +29,6 @@ from .memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
 from .search import TrainingState, is_out_of_memory, local_sync_bn, one_step_per_call
 
 GiB = 2**30
-_UNITS = {'gib': 2**30, 'mib': 2**20, 'gb': 10**9, 'mb': 10**6}
-
-
-# ------------------------------------------------------------------------ the budget
-def parse_memory_budget(value: Union[int, float, str],
-                        where: str = 'scaling.memory_budget') -> int:
-    """Bytes of a memory budget: a number of GiB (``24``, ``22.5``) or a string with a
-    unit (``'24GiB'``, ``'24 GiB'``, ``'1536MiB'``, ``'24GB'`` = 24e9 bytes).
-
-    Raises:
-        ValueError: naming ``where`` and the value, for anything else (bools, zero or
-            negative sizes, unknown units, NaN / infinity).
-    """
-    hint = (f"{where} is the GPU memory to fit training in: a number of GiB (e.g. 24) "
-            "or a string with a unit, 'GiB', 'MiB', 'GB' or 'MB' (e.g. '24GiB')")
-    if isinstance(value, bool):
-        raise ValueError(f'{where}={value!r} is not a memory size. {hint}.')
-    if isinstance(value, (int, float)):
-        number, unit = float(value), 'gib'
-    elif isinstance(value, str):
-        match = re.fullmatch(r'\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-z]+)\s*',
-                             value)
-        if match is None or match.group(2).lower() not in _UNITS:
-            raise ValueError(f'{where}={value!r} is not a memory size. {hint}.')
-        number, unit = float(match.group(1)), match.group(2).lower()
-    else:
-        raise ValueError(f'{where}={value!r} ({type(value).__name__}) is not a memory '
-                         f'size. {hint}.')
-    if not math.isfinite(number) or number <= 0:
-        raise ValueError(f'{where}={value!r} must be a positive, finite size. {hint}.')
-    size = int(number * _UNITS[unit])
-    if size < 2**20:
-        raise ValueError(f'{where}={value!r} is {size} bytes, under 1 MiB: a number is '
-                         f'read as GiB ({hint}).')
-    return size
 
 
 # ------------------------------------------------------------ gradient checkpointing

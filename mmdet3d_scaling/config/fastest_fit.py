@@ -9,7 +9,7 @@ is an error.
 """
 from mmengine.config import Config, ConfigDict
 
-from ..batch_size.arrangements import parse_memory_budget
+from ..utils.memory_size import parse_memory_budget
 
 HOOK_TYPE = 'FastestFitHook'
 AUTO_HOOK_TYPE = 'AutoBatchSizeHook'

@@ -21,9 +21,9 @@ from mmdet3d.registry import HOOKS
 
 from ..batch_size.arrangements import (ArrangementFinder, CheckpointSwitch, FitResult,
                                        ModeledCheckpointingProbe, format_bytes,
-                                       format_trials,
-                                       parse_memory_budget, preference_order)
+                                       format_trials, preference_order)
 from ..batch_size.cache import ResultCache, cache_key
+from ..utils.memory_size import parse_memory_budget
 from ..batch_size.memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe
 from ..batch_size.samples import LargestSampleBatches
 from ..batch_size.search import agree_min

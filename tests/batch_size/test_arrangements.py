@@ -8,8 +8,8 @@ from mmengine.optim import OptimWrapper
 from mmdet3d_scaling.batch_size.arrangements import (Arrangement, ArrangementFinder,
                                                      ArrangementTrial, CheckpointSwitch,
                                                      FitResult, ModeledCheckpointingProbe,
-                                                     choose, parse_memory_budget,
-                                                     preference_order)
+                                                     choose, preference_order)
+from mmdet3d_scaling.utils.memory_size import parse_memory_budget
 
 GiB, MiB = 2**30, 2**20
 
