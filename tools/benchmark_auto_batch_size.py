@@ -22,7 +22,7 @@ from typing import Any, Dict
 from mmengine.config import DictAction
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from mmdet3d_scaling.batch_size import benchmark  # noqa: E402
+from mmdet3d_scaling.diagnostics import batch_size_benchmark as benchmark  # noqa: E402
 from mmdet3d_scaling.utils import progress  # noqa: E402
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mmdet3d_scaling.batch_size import benchmark
+from mmdet3d_scaling.diagnostics import batch_size_benchmark as benchmark
 from tests.auto_batch_size_common import write_demo_config
 
 REPO = Path(__file__).resolve().parents[2]

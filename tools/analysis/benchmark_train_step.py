@@ -28,7 +28,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     from mmengine.config import DictAction
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument('config')
+    p.add_argument('config', help='config file (the plugin\'s or a stock mmdet3d one)')
     p.add_argument('--batch', type=int, default=4, help='samples per micro-batch')
     p.add_argument('--precision', default='bf16',
                    help='comma-separated: fp32, bf16, fp16 (AMP with autocast)')
@@ -43,8 +43,10 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help='limit this process to this much GPU memory (0: no cap)')
     p.add_argument('--stock', action='store_true',
                    help='do not import mmdet3d_scaling (stock mmdet3d)')
-    p.add_argument('--cfg-options', nargs='+', action=DictAction)
-    p.add_argument('--work-dir', default='work_dirs/benchmark_train_step')
+    p.add_argument('--cfg-options', nargs='+', action=DictAction,
+                   help='override config settings (key=value)')
+    p.add_argument('--work-dir', default='work_dirs/benchmark_train_step',
+                   help='work dir of the runs (one folder per precision)')
     p.add_argument('--out', default=None, help='JSON file for the results')
     return p.parse_args(argv)
 
