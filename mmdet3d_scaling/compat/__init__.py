@@ -20,6 +20,7 @@ print(c.patching.table())"`` lists them; ``docs/compat.md`` explains each one.
 | kitti_eval_cpu         | cpu   | mmdet3d's numba-CUDA rotated IoU module                |
 | point_ops_cpu          | cpu   | FPS, ball query, grouping, points_in_boxes bindings    |
 | max_iou_assigner ...   | speed | PV-RCNN / anchor-head host reads and grouping backward |
+| voxelization_layer     | speed | mmcv's / mmdet3d's deterministic hard ``voxelization`` |
 
 ``mmcv_ops`` is a check, not a patch: it fails at import, with the fix, when mmcv has no
 compiled ops.
@@ -41,5 +42,6 @@ from . import max_iou_assigner, instance_data_index, pseudo_sampler  # noqa: E40
 from . import grouping_backward, rpn_proposal_nms, stack_query_group  # noqa: E402,F401
 from . import iou_piecewise_sampler, roi_assign, anchor_targets  # noqa: E402,F401
 from . import foreground_seg_targets, rcnn_bbox_targets  # noqa: E402,F401
+from . import voxelization_layer  # noqa: E402,F401
 
 __all__ = ['patching', 'mmcv_ops']

@@ -1,6 +1,6 @@
 """Voxelization by a sort over voxel keys, with mmcv 2.1's results exactly.
 
-mmcv's deterministic hard voxelization (``mmcv.ops.Voxelization(..., deterministic=True)``)
+mmcv's deterministic hard voxelization (``mmcv.ops.Voxelization``, ``deterministic=True``)
 finds, on the GPU, each point's earlier points in the same voxel by a scan over all
 earlier points and then numbers the voxels in one serial thread; on the CPU it fills a
 dense grid. Both give: voxels numbered by the first appearance of one of their points in
@@ -259,8 +259,8 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
         _check_points(pts)
     kinds = {(p.shape[1], p.dtype, p.device) for p in points}
     if len(kinds) > 1:
-        raise ValueError(f'the samples differ in (channels, dtype, device): {sorted(map(str, kinds))}; '
-                         'give every sample the same.')
+        raise ValueError('the samples differ in (channels, dtype, device): '
+                         f'{sorted(map(str, kinds))}; give every sample the same.')
     _check_limits(max_num_points, max_voxels)
     grid_shape(voxel_size, point_cloud_range)
     lengths: List[int] = [p.shape[0] for p in points]
