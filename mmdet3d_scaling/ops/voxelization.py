@@ -186,7 +186,8 @@ def _hard(points: Tensor, sample: Tensor, num_samples: int,
     point_row = torch.where(keep_point, row, total)
     slot = torch.where(keep_point, rank, 0)
     voxels = points.new_zeros((total + 1, max_num_points, channels))
-    voxels[point_row, slot] = points[perm]
+    flat = point_row * max_num_points + slot  # one index: faster than two on the CPU
+    voxels.view(-1, channels).index_copy_(0, flat, points[perm])
     opener_row = torch.where(keep_voxel & (rank == 0), row, total)
     coors = torch.cat([sample[:, None], zyx], dim=1)[perm].int()
     voxel_coors = torch.zeros((total + 1, 4), dtype=torch.int32, device=device)
