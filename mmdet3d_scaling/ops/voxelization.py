@@ -17,12 +17,18 @@ float64 points; mmcv's CUDA kernel rounds that float64 quotient to float32 befor
 ``round``. Range and voxel size pass through float32 first, as mmcv stores them.
 """
 import math
+import struct
 from typing import List, Sequence, Tuple
 
 import torch
 from torch import Tensor
 
 _INT32_MAX = 2**31 - 1
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32 (to nearest, ties to even)."""
+    return struct.unpack('f', struct.pack('f', float(value)))[0]
 
 
 def grid_shape(voxel_size: Sequence[float],
@@ -43,9 +49,11 @@ def grid_shape(voxel_size: Sequence[float],
         raise ValueError(f'voxel_size={list(voxel_size)} needs 3 values (x, y, z) and '
                          f'point_cloud_range={list(point_cloud_range)} 6 '
                          '(x, y, z minimum, then maximum).')
-    size = torch.tensor(list(voxel_size), dtype=torch.float32)
-    pcr = torch.tensor(list(point_cloud_range), dtype=torch.float32)
-    quotient = ((pcr[3:] - pcr[:3]) / size).tolist()  # float32, as mmcv's C++
+    size = [_f32(v) for v in voxel_size]
+    pcr = [_f32(v) for v in point_cloud_range]
+    # float32 arithmetic as mmcv's C++: an operation on two float32 values done in
+    # float64 and rounded once to float32 is the float32 operation's result
+    quotient = [_f32(_f32(pcr[i + 3] - pcr[i]) / size[i]) for i in range(3)]
     grid = tuple(int(math.copysign(math.floor(abs(q) + 0.5), q)) for q in quotient)
     if min(grid) <= 0:
         raise ValueError(f'point_cloud_range={list(point_cloud_range)} with voxel_size='
@@ -65,6 +73,13 @@ def _check_points(points: Tensor) -> None:
                         'point coordinates; convert with points.float().')
 
 
+def _row(values: Sequence[float], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """``[1, len(values)]`` float32-rounded constants on ``device``; the copy from
+    pageable memory is staged at once, so non_blocking spares a stream sync."""
+    row = torch.tensor([list(values)], dtype=torch.float32).to(dtype)
+    return row.to(device, non_blocking=True)
+
+
 def _cells(points: Tensor, voxel_size: Sequence[float],
            point_cloud_range: Sequence[float]) -> Tuple[Tensor, Tensor]:
     """``[N, 3]`` float cells (x, y, z) and ``[N, 3]`` bool: that axis in the grid."""
@@ -74,16 +89,15 @@ def _cells(points: Tensor, voxel_size: Sequence[float],
     dtype = torch.float64 if wide else torch.float32
     # [1, 3] tensors on the device: a true division (torch's CUDA kernel multiplies by
     # the reciprocal when the divisor is a CPU scalar, which can change the last bit)
-    low = torch.tensor([list(point_cloud_range[:3])], dtype=torch.float32)
-    size = torch.tensor([list(voxel_size)], dtype=torch.float32)
-    low, size = low.to(points.device, dtype), size.to(points.device, dtype)
+    low = _row(point_cloud_range[:3], dtype, points.device)
+    size = _row(voxel_size, dtype, points.device)
     quotient = (points[:, :3].to(dtype) - low) / size
     if wide and points.is_cuda:
         quotient = quotient.float()  # mmcv's CUDA kernel: floorf of the double quotient
     cell = torch.floor(quotient)
     if points.is_cuda:  # the CUDA float -> int conversion gives 0 for NaN
         cell = torch.nan_to_num(cell, nan=0.0, posinf=math.inf, neginf=-math.inf)
-    upper = torch.tensor([list(grid)], dtype=cell.dtype, device=cell.device)
+    upper = _row(grid, cell.dtype, cell.device)
     return cell, (cell >= 0) & (cell < upper)  # NaN fails both: out, as on the CPU
 
 
@@ -269,8 +283,7 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
     if total == 0:
         return _empty(points[0], max_num_points, 4)
     device = points[0].device
-    sample = torch.repeat_interleave(
-        torch.arange(len(points), device=device),
-        torch.tensor(lengths, device=device), output_size=total)
+    sample = torch.cat([torch.full((n,), i, dtype=torch.long, device=device)
+                        for i, n in enumerate(lengths)])
     return _hard(torch.cat(points), sample, len(points), voxel_size, point_cloud_range,
                  max_num_points, max_voxels)

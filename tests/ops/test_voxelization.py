@@ -201,3 +201,16 @@ def test_cuda_dynamic_keeps_mmcvs_partial_rows():
     got = dynamic_voxelize(points, **SMALL)
     assert torch.equal(got, ref)
     assert (got[:, 0] == -1).any() and (got[:, 2] == 0).logical_and(got[:, 0] == -1).any()
+
+
+def test_one_host_read_a_call():
+    """The voxel count, which sizes the outputs (mmcv reads it too); a batch also."""
+    from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
+    points = _clustered(0, 500)
+    with HostReadCensus() as census:
+        hard_voxelize(points, **SMALL, max_num_points=3, max_voxels=50)
+    assert census.total == 1
+    with HostReadCensus() as census:
+        hard_voxelize_batch([points, points[:100]], **SMALL, max_num_points=3,
+                            max_voxels=50)
+    assert census.total == 1
