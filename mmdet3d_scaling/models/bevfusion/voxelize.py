@@ -1,4 +1,4 @@
-"""Hard voxelization for BEVFusion: one sort for the whole batch (CPU and any CUDA arch)."""
+"""Hard voxelization for BEVFusion: one sort a batch (CPU and any CUDA arch)."""
 from typing import List, Sequence, Tuple, Union
 
 import torch
