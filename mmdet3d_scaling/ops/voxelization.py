@@ -16,6 +16,7 @@ float64 points; mmcv's CUDA kernel rounds that float64 quotient to float32 befor
 ``round((max - min) / size)`` in float32, rounding half away from zero as C's
 ``round``. Range and voxel size pass through float32 first, as mmcv stores them.
 """
+import itertools
 import math
 import struct
 from typing import List, Sequence, Tuple
@@ -157,7 +158,7 @@ def _check_limits(max_num_points: int, max_voxels: int) -> None:
                          '(an int >= 0); for one voxel per point use dynamic_voxelize.')
 
 
-def _hard(points: Tensor, sample: Tensor, num_samples: int,
+def _hard(points: Tensor, sample: Tensor, lengths: List[int],
           voxel_size: Sequence[float], point_cloud_range: Sequence[float],
           max_num_points: int, max_voxels: int) -> Tuple[Tensor, Tensor, Tensor]:
     """Hard voxelization of points tagged by sample (see :func:`hard_voxelize_batch`)."""
@@ -166,6 +167,7 @@ def _hard(points: Tensor, sample: Tensor, num_samples: int,
     gx, gy, gz = grid_shape(voxel_size, point_cloud_range)
     zyx, valid = point_voxel_coors(points, voxel_size, point_cloud_range)
     cells = gx * gy * gz
+    num_samples = len(lengths)
     key = ((sample * gz + zyx[:, 0]) * gy + zyx[:, 1]) * gx + zyx[:, 2]
     outside = cells * num_samples  # sorts after every voxel
     key = torch.where(valid, key, outside)
@@ -185,8 +187,12 @@ def _hard(points: Tensor, sample: Tensor, num_samples: int,
     ordinal = first.cumsum(0) - 1
     voxel = ordinal[perm[start]]
     # per sample: voxels before it, voxels it keeps
-    count = torch.zeros(num_samples, dtype=torch.long, device=device)
-    count.index_add_(0, sample, first.long())
+    # (prefix sums at the sample bounds, not index_add_: no atomics, so nothing for
+    # torch.use_deterministic_algorithms to refuse)
+    opened = torch.cat([first.new_zeros(1, dtype=torch.long), first.cumsum(0)])
+    bounds = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.long)
+    bounds = bounds.to(device, non_blocking=True)
+    count = opened[bounds[1:]] - opened[bounds[:-1]]
     kept = count.clamp(max=max_voxels)
     before = count.cumsum(0) - count
     kept_before = kept.cumsum(0) - kept
@@ -206,8 +212,11 @@ def _hard(points: Tensor, sample: Tensor, num_samples: int,
     coors = torch.cat([sample[:, None], zyx], dim=1)[perm].int()
     voxel_coors = torch.zeros((total + 1, 4), dtype=torch.int32, device=device)
     voxel_coors[opener_row] = coors
+    last = torch.ones(n, dtype=torch.bool, device=device)
+    last[:-1] = opens[1:]
+    closer_row = torch.where(keep_voxel & last, row, total)
     num_points = torch.zeros(total + 1, dtype=torch.int32, device=device)
-    num_points.index_add_(0, point_row, keep_point.int())
+    num_points[closer_row] = (rank + 1).clamp(max=max_num_points).int()
     return voxels[:total], voxel_coors[:total], num_points[:total]
 
 
@@ -241,7 +250,7 @@ def hard_voxelize(points: Tensor, voxel_size: Sequence[float],
     if points.shape[0] == 0:
         return _empty(points, max_num_points, 3)
     sample = torch.zeros(points.shape[0], dtype=torch.long, device=points.device)
-    voxels, coors, num = _hard(points, sample, 1, voxel_size, point_cloud_range,
+    voxels, coors, num = _hard(points, sample, [points.shape[0]], voxel_size, point_cloud_range,
                                max_num_points, max_voxels)
     return voxels, coors[:, 1:].contiguous(), num
 
@@ -285,5 +294,5 @@ def hard_voxelize_batch(points: Sequence[Tensor], voxel_size: Sequence[float],
     device = points[0].device
     sample = torch.cat([torch.full((n,), i, dtype=torch.long, device=device)
                         for i, n in enumerate(lengths)])
-    return _hard(torch.cat(points), sample, len(points), voxel_size, point_cloud_range,
+    return _hard(torch.cat(points), sample, lengths, voxel_size, point_cloud_range,
                  max_num_points, max_voxels)

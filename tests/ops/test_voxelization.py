@@ -214,3 +214,19 @@ def test_one_host_read_a_call():
         hard_voxelize_batch([points, points[:100]], **SMALL, max_num_points=3,
                             max_voxels=50)
     assert census.total == 1
+
+
+def test_runs_under_deterministic_algorithms():
+    """No atomics: torch.use_deterministic_algorithms(True) (mmengine's
+    ``randomness.deterministic``) does not refuse the op, on the CPU or CUDA."""
+    devices = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for device in devices:
+            points = _clustered(5, 800).to(device)
+            _check(points, SMALL, 3, 100)
+            hard_voxelize_batch([points, points[:300]], **SMALL, max_num_points=3,
+                                max_voxels=100)
+    finally:
+        torch.use_deterministic_algorithms(before)
