@@ -184,12 +184,12 @@ def _hard(points: Tensor, sample: Tensor, lengths: List[int],
     # voxels numbered by the first appearance of one of their points in the input
     first = torch.zeros(n, dtype=torch.bool, device=device)
     first.scatter_(0, perm, opens & valid_sorted)
-    ordinal = first.cumsum(0) - 1
-    voxel = ordinal[perm[start]]
+    opened = first.cumsum(0)
+    voxel = opened[perm[start]] - 1
     # per sample: voxels before it, voxels it keeps
     # (prefix sums at the sample bounds, not index_add_: no atomics, so nothing for
     # torch.use_deterministic_algorithms to refuse)
-    opened = torch.cat([first.new_zeros(1, dtype=torch.long), first.cumsum(0)])
+    opened = torch.cat([opened.new_zeros(1), opened])
     bounds = torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.long)
     bounds = bounds.to(device, non_blocking=True)
     count = opened[bounds[1:]] - opened[bounds[:-1]]
