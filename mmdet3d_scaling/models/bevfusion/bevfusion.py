@@ -1,7 +1,7 @@
 """The BEVFusion detector (LiDAR-only or LiDAR-camera), config-compatible with
 mmdet3d 1.4's ``projects/BEVFusion`` (type name ``BEVFusion``).
 
-Pipeline: points -> hard voxelization (mmcv op) -> mean per voxel -> sparse encoder
+Pipeline: points -> hard voxelization (a sort) -> mean per voxel -> sparse encoder
 -> BEV map; optionally images -> backbone -> neck -> view transform -> camera BEV map,
 fused with the LiDAR map by ``fusion_layer``; then BEV backbone, neck and head.
 """
