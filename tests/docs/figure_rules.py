@@ -15,9 +15,9 @@ blocks and headings are no blocks. A table also cites what the paragraph right a
   equals it, for x as stored or in a unit the docs use: x * 100 (a fraction as a
   percentage), x / 1024 (MiB as GiB), x * 1000 (seconds as ms).
 - a ratio figure (``1.79x``) is found like any figure, or as the ratio of two other
-  figures quoted in the same block (so both sides of a ratio are quoted and checked);
-  a signed percentage (``+29.6 %``) likewise, or as the relative difference
-  (a / b - 1) x 100 of two figures quoted in the same block.
+  figures quoted in the same paragraph or table (so both sides of a ratio are quoted and
+  checked; the ratio is taken of the file's unrounded numbers behind them); a signed
+  percentage (``+29.6 %``) likewise, or as the relative difference (a / b - 1) x 100.
 - ``±`` spreads, ``[min, max]`` ranges and signed differences are figures like any other
   (the parity data files store mean, std, min, max and the difference to the reference).
 
@@ -196,18 +196,24 @@ def candidates(numbers: Iterable[float]) -> Set[float]:
 
 
 def found(figure: Figure, pool: Set[float], block_figures: List[Figure]) -> bool:
-    """Whether ``figure`` is one of ``pool`` (or a ratio of two block figures)."""
-    tolerance = 0.5 * 10 ** -figure.decimals + 1e-9
-    if any(abs(x - figure.value) <= tolerance for x in pool):
+    """Whether ``figure`` is one of ``pool``, or a ratio / relative difference of the
+    pool's numbers behind two other figures quoted in ``block_figures``."""
+    if _near(figure, pool):
         return True
-    plain = [f.value for f in block_figures
-             if not f.is_ratio and not f.signed_percent and f.value]
-    if figure.is_ratio:
-        return any(abs(a / b - figure.value) <= tolerance for a in plain for b in plain)
-    if figure.signed_percent:
-        return any(abs((a / b - 1) * 100 - figure.value) <= tolerance
-                   for a in plain for b in plain)
-    return False
+    if not (figure.is_ratio or figure.signed_percent):
+        return False
+    sides = set()   # the unrounded numbers behind the block's other figures
+    for other in block_figures:
+        if not other.is_ratio and not other.signed_percent and other.value:
+            step = 0.5 * 10 ** -other.decimals + 1e-9
+            sides.update(x for x in pool if x and abs(x - other.value) <= step)
+    derived = {a / b if figure.is_ratio else (a / b - 1) * 100 for a in sides for b in sides}
+    return _near(figure, derived)
+
+
+def _near(figure: Figure, numbers: Iterable[float]) -> bool:
+    tolerance = 0.5 * 10 ** -figure.decimals + 1e-9
+    return any(abs(x - figure.value) <= tolerance for x in numbers)
 
 
 def check_page(page: Path, content: Optional[str] = None) -> List[str]:
