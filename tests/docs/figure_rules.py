@@ -1,7 +1,7 @@
 """The rule that ties a figure quoted in the docs to the data file it cites.
 
-A *block* is a paragraph (lines between blank lines) or a whole table; fenced code
-blocks and headings are no blocks. A table also cites what the paragraph right above it
+A *block* is a paragraph (lines between blank lines), a list item or a table row;
+fenced code blocks and headings are no blocks. A table also cites what the paragraph right above it
 (its caption) links. Every link to a file under ``docs/data/`` must resolve, and every
 *figure* in a block that links a data file must be found in the cited files:
 
@@ -49,6 +49,7 @@ SETTING_WORDS = (
 SETTING_BEFORE = re.compile(r'(?:%s)\s*(?:=|:|>=|<=|>|<)?\s*$' % '|'.join(
     re.escape(w) for w in SETTING_WORDS), re.IGNORECASE)
 LENGTH_UNIT_AFTER = re.compile(r'^\s*(?:m|mm|cm|m/s)\b')
+LIST_ITEM = re.compile(r'^\s*(?:[-*+]|\d+\.)\s')
 TABLE_RULE = re.compile(r'^\s*\|[\s:|-]+\|\s*$')
 STRING_NUMBER = re.compile(r'[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?')
 
@@ -83,6 +84,7 @@ def split_blocks(text: str) -> List[tuple]:
         fence_match = re.match(r'^ {0,3}(`{3,}|~{3,})', line)
         is_table = stripped.startswith('|')
         ends = (not stripped or fence_match or stripped.startswith('#')
+                or LIST_ITEM.match(line)
                 or (current and is_table != current[0].strip().startswith('|')))
         if ends and current:
             blocks.append((start, '\n'.join(current), current[0].strip().startswith('|')))
