@@ -5,8 +5,9 @@ kernels by the CPU (``@``, norms), and glibc picks FMA variants of its math func
 each can change the last bits of a float64 and, through a threshold or a float32
 rounding, the data. The generator's geometry uses ``synthetic.exact`` instead. Here a
 subprocess generates the same set with every numpy SIMD target switched off
-(``NPY_DISABLE_CPU_FEATURES``), OpenBLAS on its oldest x86-64 kernels and glibc without
-its AVX2 / FMA variants, and must produce the same fingerprint; a pinned fingerprint
+(``NPY_DISABLE_CPU_FEATURES``), OpenBLAS on its oldest x86-64 kernels, glibc without
+its AVX2 / FMA variants and OpenCV without its SIMD paths, and must produce the same
+fingerprint; a pinned fingerprint
 catches any change of the generated content.
 """
 import json
@@ -42,6 +43,7 @@ def _plain_cpu_env() -> dict:
         f for f in __cpu_dispatch__ if __cpu_features__.get(f))
     env['OPENBLAS_CORETYPE'] = 'Nehalem'
     env['GLIBC_TUNABLES'] = 'glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F'
+    env['OPENCV_CPU_DISABLE'] = 'AVX2,FMA3,AVX,POPCNT,SSSE3'
     return env
 
 
