@@ -131,7 +131,8 @@ def cited_blocks(page: Path, content: Optional[str] = None) -> List[Block]:
         inherited = caption[1] if caption and caption[0] == line - 2 else []
         rows = text.splitlines()
         for offset, row in enumerate(rows):
-            if TABLE_RULE.match(row) or (offset + 1 < len(rows) and TABLE_RULE.match(rows[offset + 1])):
+            is_header = offset + 1 < len(rows) and TABLE_RULE.match(rows[offset + 1])
+            if TABLE_RULE.match(row) or is_header:
                 continue   # the header and the rule under it
             files = data_links(page, row)
             files += [f for f in inherited if f not in files]

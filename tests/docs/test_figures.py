@@ -47,9 +47,9 @@ def test_a_changed_figure_fails(page):
     # the nearest larger value at the quoted precision that the cited files do not hold
     pool = rules.candidates(set().union(*(rules.file_numbers(REPO / f) for f in block.data_files)))
     step = 10 ** -figure.decimals
-    changed_value = next(
-        text for text in (f'{abs(figure.value) + k * step:.{figure.decimals}f}' for k in range(1, 1000))
-        if not any(abs(x - float(text)) <= step / 2 for x in pool))
+    larger = (f'{abs(figure.value) + k * step:.{figure.decimals}f}' for k in range(1, 1000))
+    changed_value = next(text for text in larger
+                         if not any(abs(x - float(text)) <= step / 2 for x in pool))
     changed_block = block.text.replace(figure.text.lstrip('+-'), changed_value, 1)
     assert changed_block != block.text
     problems = rules.check_page(REPO / page, original.replace(block.text, changed_block, 1))

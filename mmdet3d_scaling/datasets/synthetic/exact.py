@@ -21,7 +21,8 @@ ArrayLike = Union[float, np.ndarray]
 
 PI = 3.141592653589793          # float64 nearest to pi
 HALF_PI = 1.5707963267948966
-# pi/2 split so that k * part is exact for the |k| < 2**20 used here (Cody-Waite)
+# pi/2 as the sum of three parts; the first has 33 significant bits, so k * part is
+# exact for |k| < 2**20 (Cody-Waite reduction)
 _HALF_PI_1 = 1.5707963267341256   # 33 significant bits
 _HALF_PI_2 = 6.077100506506192e-11
 _HALF_PI_3 = 2.0222662487959506e-21
@@ -88,8 +89,6 @@ def sin(x: ArrayLike) -> ArrayLike:
 
 def cos(x: ArrayLike) -> ArrayLike:
     return sincos(x)[1]
-
-
 
 
 def arctan2(y: ArrayLike, x: ArrayLike) -> ArrayLike:
