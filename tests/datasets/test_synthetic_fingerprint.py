@@ -10,6 +10,8 @@ its AVX2 / FMA variants and OpenCV without its SIMD paths, and must produce the 
 fingerprint; a pinned fingerprint
 catches any change of the generated content.
 """
+import contextlib
+import io
 import json
 import os
 import subprocess
@@ -37,7 +39,10 @@ PINNED = {
 
 def _plain_cpu_env() -> dict:
     """Environment of a process that runs on the plainest kernels this CPU allows."""
-    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    try:  # numpy 2
+        from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+    except ImportError:  # numpy 1
+        from numpy.core._multiarray_umath import __cpu_dispatch__, __cpu_features__
     env = dict(os.environ, PYTHONPATH=str(REPO))
     env['NPY_DISABLE_CPU_FEATURES'] = ' '.join(
         f for f in __cpu_dispatch__ if __cpu_features__.get(f))
@@ -88,8 +93,6 @@ print(json.dumps({k: hashlib.sha256(np.asarray(o).tobytes()).hexdigest()
 
 def test_exact_math_is_the_same_on_plain_cpu_kernels():
     namespace: dict = {}
-    import contextlib
-    import io
     buffer = io.StringIO()
     with contextlib.redirect_stdout(buffer):
         exec(_EXACT_CASES, namespace)
