@@ -11,8 +11,10 @@ Packaging the OpenMMLab way: the installed package carries the repository's
   ``mmdet3d_scaling/.mim/{configs,tools} -> ../../{configs,tools}`` in the checkout
   (git-ignored), so edits to a config are live.
 
-``.mim/model-index.yml`` (an empty model index) is written in all three cases: mmengine
-reads it before falling back to ``.mim/configs/<path>``.
+``.mim/model-index.yml`` (a copy of the repository's ``model-index.yml``, which imports
+``configs/<family>/metafile.yml``) is written in all three cases: ``mim search
+mmdet3d_scaling`` lists the configs from it, and mmengine reads it before falling back to
+``.mim/configs/<path>``.
 """
 import os
 import shutil
@@ -31,9 +33,21 @@ MIM_DIRS = ('configs', 'tools')
 # Bootstrap scripts of a checkout: they install from / into the repository, which an
 # installed package does not have.
 CHECKOUT_ONLY_TOOLS = ('ensure_env.sh', 'run_tests.sh', 'quickstart.sh', 'check_install.sh')
-MODEL_INDEX = ('# mmdet3d-scaling publishes no model zoo: mmengine reads this index, finds\n'
-               '# nothing and resolves mmdet3d_scaling::<path> to .mim/configs/<path>.\n'
-               'Import: []\n')
+MODEL_INDEX = 'model-index.yml'  # at the repository root; its paths are relative to .mim
+
+
+def model_index() -> str:
+    """The model index: the checkout's, else the one an unpacked sdist's ``.mim`` holds.
+
+    Raises:
+        FileNotFoundError: neither place has it (a broken source tree).
+    """
+    for candidate in (HERE / MODEL_INDEX, MIM / MODEL_INDEX):
+        if candidate.is_file():
+            return candidate.read_text()
+    raise FileNotFoundError(
+        f'{MODEL_INDEX} not found in {HERE} nor in {MIM}: build from a checkout of '
+        'mmdet3d-scaling or from its sdist, which carry it.')
 
 
 def read_version() -> str:
@@ -90,7 +104,7 @@ def copy_mim(package_dir: Path) -> None:
         elif dest.is_dir():
             shutil.rmtree(dest)
         shutil.copytree(source, dest, ignore=_ignore_under(source))
-    (target / 'model-index.yml').write_text(MODEL_INDEX)
+    (target / MODEL_INDEX).write_text(model_index())
 
 
 def link_mim() -> None:
@@ -116,7 +130,7 @@ def link_mim() -> None:
                 f'symlink to {source} an editable install needs; move it away and '
                 'install again.')
         link.symlink_to(target, target_is_directory=True)
-    (MIM / 'model-index.yml').write_text(MODEL_INDEX)
+    (MIM / MODEL_INDEX).write_text(model_index())
 
 
 class BuildPyWithMim(build_py):

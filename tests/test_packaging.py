@@ -81,6 +81,9 @@ def test_wheel_ships_every_config_and_tool(source, tmp_path):
     assert sorted(names - expected) == [], 'in the wheel but not in the checkout'
     with zipfile.ZipFile(wheel) as zf:
         record = zf.read(next(n for n in zf.namelist() if n.endswith('.dist-info/RECORD')))
+        # mim's model index: the repository's, whose imports are the shipped metafiles
+        assert zf.read(f'{MIM}model-index.yml') == (REPO / 'model-index.yml').read_bytes()
+    assert f'{MIM}configs/bevfusion/metafile.yml' in names
     assert f'{MIM}tools/train.py,'.encode() in record  # installed and uninstalled by pip
 
 

@@ -17,7 +17,8 @@
 #    step of the demo config through a user config inheriting
 #    `mmdet3d_scaling::demo/pointpillars_synthetic_kitti_cpu.py`, with the installed
 #    `.mim/tools/train.py`;
-# 5. `pip install openmim`, then `mim train mmdet3d_scaling <config name>`: one step.
+# 5. `pip install openmim`; `mim search mmdet3d_scaling` lists bevfusion_1gpu and the
+#    PV-RCNN configs (the model index); `mim train mmdet3d_scaling <config name>`: one step.
 # Each training step must leave its checkpoint. Prints the time of each part.
 set -euo pipefail
 
@@ -111,6 +112,12 @@ say "one training step: installed tools/train.py user_cfg.py"
 
 say "installing openmim"
 "${PIP[@]}" install openmim
+say "mim search mmdet3d_scaling: the model index lists the configs"
+"$WORK/venv/bin/mim" search mmdet3d_scaling --valid-config > mim_search.txt 2>&1 \
+  || { tail -20 mim_search.txt; die "mim search"; }
+for name in bevfusion_1gpu pv_rcnn_synthetic_kitti pv_rcnn_8xb2-80e_kitti-3d-3class; do
+  grep -q "'$name'" mim_search.txt || { cat mim_search.txt; die "mim search lists no $name"; }
+done
 say "one training step: mim train mmdet3d_scaling pointpillars_synthetic_kitti_cpu.py"
 "$WORK/venv/bin/mim" train mmdet3d_scaling pointpillars_synthetic_kitti_cpu.py \
   --work-dir "$USER_DIR/work_dirs/mim" --cfg-options "${ONE_STEP[@]}" > mim.log 2>&1 \

@@ -17,7 +17,7 @@ The library of ``tools/benchmark_auto_batch_size.py`` (which parses the flags an
    out-of-memory error: ``OOM in training`` and the peak memory of those iterations.
 
 :func:`table` formats the result, :func:`write_json` writes it (``--out``, default
-``WORK_DIR/benchmark_auto_batch_size.json``). Targets (issue 3): found >= 0.9 x largest,
+``WORK_DIR/benchmark_auto_batch_size.json``). Targets: found >= 0.9 x largest,
 search < 60 s, no OOM.
 
 On a GPU the CUDA allocator is measured. ``--probe modeled`` is a dry run on a CPU: a

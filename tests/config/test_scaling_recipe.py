@@ -101,7 +101,7 @@ def test_iteration_counts_mean_optimizer_steps(tmp_path):
 
 def test_checkpoint_save_begin_counts_optimizer_steps_too(tmp_path):
     # interval scaled but save_begin not: checkpoints at odd micro-steps, i.e. inside
-    # accumulation windows (issue 19)
+    # accumulation windows
     cfg = toy_cfg(str(tmp_path), max_iters=6, checkpoint_interval=2)
     cfg.default_hooks.checkpoint.save_begin = 3
     apply_plan(cfg, make_plan(4, 1, max_per_gpu_batch=2))

@@ -1,4 +1,4 @@
-"""Exact resumes (issue 19) with real Runners, checkpoint files and processes.
+"""Exact resumes with real Runners, checkpoint files and processes.
 
 - a plan change between save and resume (total batch, world size with a checkpoint
   inside an accumulation window) gives the LR, ``initial_lr`` and scheduler states of a

@@ -284,7 +284,7 @@ def test_bad_arguments_are_clear_errors():
 
 
 def test_four_process_gloo_smoke(tmp_path, data_root):
-    """Issue 6's smoke run: 4 gloo processes (on any core count) train the PointPillars
+    """The multi-process smoke run: 4 gloo processes (on any core count) train the PointPillars
     synthetic config with its own effective batch 8 (2 x 4 x 1); ~45 s on 2 cores."""
     options = [o for o in small_config_options(data_root) if not o.startswith('scaling.')]
     cmd = [sys.executable, str(TOOL), str(CONFIG), '--devices', 'cpu', '--nproc', '4',

@@ -10,6 +10,7 @@ from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
+from . import exact
 from .scene import Scene, box_corners_lidar
 
 __all__ = ['project', 'box_to_2d', 'in_image_mask', 'render_image']
@@ -21,7 +22,8 @@ _CLUTTER_BGR = {'pole': (90, 90, 90), 'wall': (150, 140, 130), 'bush': (40, 110,
 
 def project(xyz: np.ndarray, lidar2img: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """Pixel coordinates (N, 2) and depths (N,) of LiDAR-frame points."""
-    hom = np.concatenate([xyz[:, :3], np.ones((len(xyz), 1))], axis=1) @ lidar2img.T
+    hom = exact.matmul(np.concatenate([xyz[:, :3], np.ones((len(xyz), 1))], axis=1),
+                       np.asarray(lidar2img, np.float64).T)
     depth = hom[:, 2]
     uv = hom[:, :2] / np.where(np.abs(depth) < 1e-6, 1e-6, depth)[:, None]
     return uv, depth
@@ -67,15 +69,15 @@ def _faces(boxes: np.ndarray, colours: Sequence[Tuple[int, int, int]],
             continue
         for face in _FACES:
             fc = corners[list(face)]
-            normal = np.cross(fc[1] - fc[0], fc[3] - fc[0])
-            normal *= np.sign(normal @ (fc.mean(0) - centre))  # outward
+            normal = exact.cross(fc[1] - fc[0], fc[3] - fc[0])
+            normal *= np.sign(exact.dot(normal, fc.mean(0) - centre))  # outward
             view = cam_pos - fc.mean(0)
-            cos_inc = normal @ view / (np.linalg.norm(normal) * np.linalg.norm(view) + 1e-9)
+            cos_inc = exact.dot(normal, view) / (exact.norm(normal) * exact.norm(view) + 1e-9)
             if cos_inc <= 0:
                 continue
             shade = 0.55 + 0.45 * cos_inc
             bgr = tuple(int(c * shade) for c in colour)
-            yield float(np.linalg.norm(view)), np.round(uv[list(face)]).astype(np.int32), bgr
+            yield float(exact.norm(view)), np.round(uv[list(face)]).astype(np.int32), bgr
 
 
 def render_image(scene: Scene, lidar2img: np.ndarray, hw: Tuple[int, int],
@@ -96,7 +98,7 @@ def render_image(scene: Scene, lidar2img: np.ndarray, hw: Tuple[int, int],
     horizon = int(np.clip(project(np.array([[1e4, 0.0, 0.0]]), lidar2img)[0][0, 1], 0, h))
     img[:horizon] = (200, 170, 140)  # sky
     img[horizon:] = (70, 75, 80)  # road
-    cam_pos = np.linalg.inv(lidar2cam)[:3, 3]
+    cam_pos = exact.rigid_inverse(lidar2cam)[:3, 3]
     boxes = np.concatenate([scene.boxes_lidar, scene.clutter_boxes]).reshape(-1, 7)
     colours = [class_bgr[scene.class_names[lab]] for lab in scene.labels]
     colours += [_CLUTTER_BGR.get(kind, (128, 128, 128)) for kind in scene.clutter_kinds]

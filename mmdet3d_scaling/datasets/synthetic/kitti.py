@@ -28,6 +28,7 @@ from typing import Dict, List, Tuple
 
 import numpy as np
 
+from . import exact
 from .camera import box_to_2d, in_image_mask, render_image
 from .scene import KITTI_CLASSES, Area, Scene, SensorModel, points_in_box_mask, sample_scene
 from .target import check_target, write_marker
@@ -96,10 +97,10 @@ class KittiCalib:
     @property
     def lidar2cam(self) -> np.ndarray:
         """4x4 LiDAR -> rectified CAM (R0_rect @ Tr_velo_to_cam)."""
-        return _hom(self.R0_rect) @ _hom(self.Tr_velo_to_cam)
+        return exact.matmul(_hom(self.R0_rect), _hom(self.Tr_velo_to_cam))
 
     def lidar2img(self, cam: int = 2) -> np.ndarray:
-        return _hom(self.P(cam)) @ self.lidar2cam
+        return exact.matmul(_hom(self.P(cam)), self.lidar2cam)
 
     def text(self) -> str:
         """The calib/*.txt content."""
@@ -122,7 +123,7 @@ def _lidar_box_to_cam(box: np.ndarray, lidar2cam: np.ndarray) -> np.ndarray:
 
     Same convention as mmdet3d's ``Box3DMode.convert`` (LIDAR -> CAM).
     """
-    loc = (lidar2cam @ np.array([box[0], box[1], box[2], 1.0]))[:3]
+    loc = exact.matmul(lidar2cam, np.array([box[0], box[1], box[2], 1.0]))[:3]
     ry = -float(box[6]) - np.pi / 2
     ry = ry - np.floor(ry / (2 * np.pi) + 0.5) * 2 * np.pi  # [-pi, pi)
     return np.array([*loc, box[3], box[5], box[4], ry])
@@ -163,7 +164,7 @@ def _instances(scene: Scene, reduced: np.ndarray, calib: KittiCalib) -> List[dic
         name = scene.class_names[label]
         cam = _lidar_box_to_cam(box, lidar2cam)
         gravity = cam[:3] - np.array([0, cam[4] / 2, 0])  # bottom -> gravity centre
-        uvd = P2 @ np.append(gravity, 1.0)
+        uvd = exact.matmul(P2, np.append(gravity, 1.0))
         occluded = _occlusion_level(float(scene.visibility[i]))
         truncated = round(truncated, 2)
         out.append(dict(
@@ -177,7 +178,7 @@ def _instances(scene: Scene, reduced: np.ndarray, calib: KittiCalib) -> List[dic
             difficulty=_difficulty(bbox[3] - bbox[1], occluded, truncated),
             truncated=truncated,
             occluded=occluded,
-            alpha=float(-np.arctan2(cam[0], cam[2]) + cam[6]),
+            alpha=float(-exact.arctan2(cam[0], cam[2]) + cam[6]),
             score=0.0,
             index=len(out),
             group_id=len(out),
@@ -193,9 +194,9 @@ def _cam_instances(instances: List[dict]) -> List[dict]:
 
 def _ground_plane(calib: KittiCalib, ground_z: float) -> List[float]:
     """KITTI plane (normal, offset) in the camera frame: normal . p + offset = 0."""
-    normal = calib.lidar2cam[:3, :3] @ np.array([0.0, 0.0, 1.0])
-    point = (calib.lidar2cam @ np.array([0.0, 0.0, ground_z, 1.0]))[:3]
-    return [*normal.tolist(), float(-normal @ point)]
+    normal = exact.matmul(calib.lidar2cam[:3, :3], np.array([0.0, 0.0, 1.0]))
+    point = exact.matmul(calib.lidar2cam, np.array([0.0, 0.0, ground_z, 1.0]))[:3]
+    return [*normal.tolist(), float(-exact.dot(normal, point))]
 
 
 def _frame_info(idx: int, instances: List[dict], calib: KittiCalib, n_feats: int,

@@ -35,6 +35,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import cv2
 import numpy as np
 
+from . import exact
 from .nuscenes_sensors import (HDL32_ELEVATIONS_DEG, LIDAR_TRANSLATION, LIDAR_YAW,
                                CameraModel, box_corners, camera_models, image_bbox,
                                matrix_quaternion, pose_matrix, render_camera,
@@ -225,11 +226,13 @@ class _World:
         t = np.asarray(t, float)
         yaw = self.ego_yaw0 + self.ego_yaw_rate * t
         if abs(self.ego_yaw_rate) < 1e-9:
-            dx, dy = self.ego_speed * t * np.cos(yaw), self.ego_speed * t * np.sin(yaw)
+            sin, cos = exact.sincos(yaw)
+            dx, dy = self.ego_speed * t * cos, self.ego_speed * t * sin
         else:
             k = self.ego_speed / self.ego_yaw_rate
-            dx = k * (np.sin(yaw) - np.sin(self.ego_yaw0))
-            dy = -k * (np.cos(yaw) - np.cos(self.ego_yaw0))
+            (sin, cos), (sin0, cos0) = exact.sincos(yaw), exact.sincos(self.ego_yaw0)
+            dx = k * (sin - sin0)
+            dy = -k * (cos - cos0)
         return self.ego_xy0 + np.stack([dx, dy], -1), yaw
 
     def ego2global(self, t: float) -> np.ndarray:
@@ -277,11 +280,11 @@ class _Layout:
         self.radii: List[float] = []
 
     def fits(self, traj: np.ndarray, radius: float) -> bool:
-        if np.min(np.linalg.norm(traj - self.ego_xy, axis=-1)) < radius + _EGO_RADIUS + 0.5:
+        if np.min(exact.norm(traj - self.ego_xy, axis=-1)) < radius + _EGO_RADIUS + 0.5:
             return False
         if not self.trajs:
             return True
-        gaps = np.linalg.norm(np.stack(self.trajs) - traj, axis=-1).min(1)
+        gaps = exact.norm(np.stack(self.trajs) - traj, axis=-1).min(1)
         return bool(np.all(gaps > np.asarray(self.radii) + radius + 0.3))
 
     def add(self, traj: np.ndarray, radius: float) -> None:
@@ -296,11 +299,13 @@ def _candidate_track(rng: np.random.Generator, label: int, world: _World, t_c: f
     prior, motion = NUSCENES_CLASSES[name], _MOTION[name]
     ego_xy, ego_yaw = world.ego_pose(t_c)
     r, phi = np.sqrt(rng.uniform(5.0 ** 2, r_max ** 2)), rng.uniform(-np.pi, np.pi)
-    centre = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
+    sin, cos = exact.sincos(ego_yaw + phi)
+    centre = ego_xy + r * np.array([cos, sin])
     moving = rng.random() < motion.p_moving
     yaw = _heading(rng, name, float(ego_yaw), moving)
     speed = rng.uniform(*motion.speed) if moving else 0.0
-    velocity = speed * np.array([np.cos(yaw), np.sin(yaw)])
+    sin, cos = exact.sincos(yaw)
+    velocity = speed * np.array([cos, sin])
     lwh = np.asarray(prior.lwh) * np.clip(rng.normal(1, prior.rel_std, 3), 0.8, 1.2)
     attribute = _attribute(rng, name, moving)
     if attribute == 'pedestrian.sitting_lying_down':
@@ -316,7 +321,7 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
     world = _World(ego_xy0=origin + rng.uniform(-200, 200, 2),
                    ego_yaw0=rng.uniform(-np.pi, np.pi),
                    ego_speed=float(rng.choice([0.0, rng.uniform(2, 10)], p=[0.15, 0.85])),
-                   ego_yaw_rate=float(rng.uniform(-0.05, 0.05)), sun=sun / np.linalg.norm(sun))
+                   ego_yaw_rate=float(rng.uniform(-0.05, 0.05)), sun=sun / exact.norm(sun))
     times = np.arange(-(cfg.sweeps + 1) * _SWEEP_INTERVAL, duration + _SWEEP_INTERVAL,
                       _SWEEP_INTERVAL)
     layout = _Layout(world, times)
@@ -330,7 +335,7 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
         for _ in range(40):
             t_c = duration / 2 if k < n_classes else rng.uniform(0, duration)
             track = _candidate_track(rng, label, world, t_c, r_max)
-            traj, radius = track.xy(times), float(np.hypot(*track.lwh[:2]) / 2)
+            traj, radius = track.xy(times), float(exact.hypot(*track.lwh[:2]) / 2)
             if layout.fits(traj, radius):
                 layout.add(traj, radius)
                 world.tracks.append(track)
@@ -342,12 +347,13 @@ def _sample_world(rng: np.random.Generator, cfg: NuScenesSyntheticConfig, durati
             ego_xy, ego_yaw = world.ego_pose(rng.uniform(0, duration))
             r = rng.uniform(15.0 if kind == 'wall' else 6.0, 60.0)
             phi = rng.uniform(-np.pi, np.pi)
-            xy = ego_xy + r * np.array([np.cos(ego_yaw + phi), np.sin(ego_yaw + phi)])
+            sin, cos = exact.sincos(ego_yaw + phi)
+            xy = ego_xy + r * np.array([cos, sin])
             lwh = clutter_size(rng, kind)
             yaw = (float(ego_yaw + rng.normal(0, 0.1)) if kind == 'wall'
                    else rng.uniform(-np.pi, np.pi))
             traj = np.broadcast_to(xy, (len(times), 2))
-            radius = float(np.hypot(lwh[0], lwh[1]) / 2)
+            radius = float(exact.hypot(lwh[0], lwh[1]) / 2)
             if layout.fits(traj, radius):
                 layout.add(traj, radius)
                 world.clutter.append((np.array([xy[0], xy[1], 0.0, *lwh, yaw]), kind))
@@ -362,10 +368,10 @@ def _wrap(angle):
 
 def _boxes_to_frame(boxes: np.ndarray, frame2global: np.ndarray) -> np.ndarray:
     """Global (x, y, z_bottom, l, w, h, yaw) boxes into a z-up frame (ego or LiDAR)."""
-    g2f = np.linalg.inv(frame2global)
+    g2f = exact.rigid_inverse(frame2global)
     out = boxes.copy()
-    out[:, :3] = boxes[:, :3] @ g2f[:3, :3].T + g2f[:3, 3]
-    frame_yaw = math.atan2(frame2global[1, 0], frame2global[0, 0])
+    out[:, :3] = exact.matmul(boxes[:, :3], g2f[:3, :3].T) + g2f[:3, 3]
+    frame_yaw = exact.arctan2(frame2global[1, 0], frame2global[0, 0])
     out[:, 6] = _wrap(boxes[:, 6] - frame_yaw)
     return out
 
@@ -381,21 +387,21 @@ def _lidar2ego() -> np.ndarray:
 def _scan(rng: np.random.Generator, world: _World, t: float, sensor: SensorModel):
     """One LiDAR scan at scene time ``t``: (points (N, 5) in the LiDAR frame with
     intensity 0-255 and ring, object boxes in the LiDAR frame, their visibility)."""
-    lidar2global = world.ego2global(t) @ _lidar2ego()
+    lidar2global = exact.matmul(world.ego2global(t), _lidar2ego())
     boxes = _boxes_to_frame(world.boxes(t), lidar2global)
     reach = sensor.max_range + 15.0
-    near = np.linalg.norm(boxes[:, :2], axis=1) < reach
+    near = exact.norm(boxes[:, :2], axis=1) < reach
     clutter = []
     if world.clutter:
         cboxes = _boxes_to_frame(np.stack([b for b, _ in world.clutter]), lidar2global)
         clutter = [(b, kind) for b, (_, kind) in zip(cboxes, world.clutter)
-                   if np.linalg.norm(b[:2]) < reach]
+                   if exact.norm(b[:2]) < reach]
     intensity = np.array([NUSCENES_CLASSES[_CLASS_NAMES[tr.label]].intensity
                           for tr in world.tracks])
     pts, _, vis_near = scan_boxes(rng, boxes[near], intensity[near], clutter, sensor)
     visibility = np.zeros(len(boxes), np.float32)
     visibility[near] = vis_near
-    elevation = np.degrees(np.arctan2(pts[:, 2], np.linalg.norm(pts[:, :2], axis=1)))
+    elevation = exact.arctan2(pts[:, 2], exact.norm(pts[:, :2], axis=1)) * (180 / np.pi)
     step = HDL32_ELEVATIONS_DEG[1] - HDL32_ELEVATIONS_DEG[0]
     ring = np.clip(np.round((elevation - HDL32_ELEVATIONS_DEG[0]) / step), 0, 31)
     points = np.concatenate([pts[:, :3], np.round(pts[:, 3:4] * 255), ring[:, None]], 1)
@@ -648,10 +654,11 @@ class _SceneWriter:
                     history: List[dict]) -> dict:
         """The info's LiDAR part; ``lidar_sweeps`` newest first, as the converter."""
         lidar2ego = _lidar2ego()
-        lidar2global = key_rec['ego2global'] @ lidar2ego
+        lidar2global = exact.matmul(key_rec['ego2global'], lidar2ego)
         sweeps = []
         for rec in history:
-            lidar2sensor = np.linalg.inv(rec['ego2global'] @ lidar2ego) @ lidar2global
+            lidar2sensor = exact.matmul(
+                exact.rigid_inverse(exact.matmul(rec['ego2global'], lidar2ego)), lidar2global)
             sweeps.append(dict(
                 timestamp=rec['timestamp'] / 1e6, ego2global=_m(rec['ego2global']),
                 sample_data_token=rec['token'],
@@ -671,8 +678,8 @@ class _SceneWriter:
         ``points`` are in its LiDAR frame."""
         reach = self.sensor.max_range + 15.0
         num_pts = [int(points_in_box_mask(points[:, :3], b).sum())
-                   if np.linalg.norm(b[:2]) < reach else 0 for b in boxes]
-        global2lidar = np.linalg.inv(self.world.ego2global(t) @ _lidar2ego())
+                   if exact.norm(b[:2]) < reach else 0 for b in boxes]
+        global2lidar = exact.rigid_inverse(exact.matmul(self.world.ego2global(t), _lidar2ego()))
         instances = []
         for i, track in enumerate(self.world.tracks):
             x, y = track.xy(t)
@@ -687,7 +694,7 @@ class _SceneWriter:
                 translation=[float(x), float(y), h / 2], size=[w, l, h],
                 rotation=yaw_quaternion(track.yaw), prev='', next='',
                 num_lidar_pts=num_pts[i], num_radar_pts=0))
-            velocity = global2lidar[:3, :3] @ np.array([*track.velocity, 0.0])
+            velocity = exact.matmul(global2lidar[:3, :3], np.array([*track.velocity, 0.0]))
             box = boxes[i]
             instances.append(dict(
                 bbox_label=track.label, bbox_label_3d=track.label,
@@ -720,22 +727,23 @@ class _SceneWriter:
                 [boxes, _boxes_to_frame(np.stack([b for b, _ in world.clutter]), e2g)])
         colours = np.array([CLASS_COLORS[_CLASS_NAMES[tr.label]] for tr in world.tracks]
                            + [_CLUTTER_COLORS[kind] for _, kind in world.clutter], float)
-        sun = e2g[:3, :3].T @ world.sun
+        sun = exact.matmul(e2g[:3, :3].T, world.sun)
         images, cam_instances = {}, {}
         for cam in self.cams:
             rec = self._add_sample_data(t, sample_tok, cam.channel, True, cam.height, cam.width)
-            ego2cam = np.linalg.inv(cam.cam2ego)
+            ego2cam = exact.rigid_inverse(cam.cam2ego)
             img = render_camera(rng, cam, ego2cam, solids, colours.reshape(-1, 3), sun)
             cv2.imwrite(osp.join(self.cfg.out_dir, rec['filename']), img[:, :, ::-1],
                         [cv2.IMWRITE_JPEG_QUALITY, 92])
-            cam2global = rec['ego2global'] @ cam.cam2ego
-            lidar2cam = np.linalg.inv(cam2global) @ e2g @ _lidar2ego()
+            cam2global = exact.matmul(rec['ego2global'], cam.cam2ego)
+            lidar2cam = exact.matmul(exact.matmul(exact.rigid_inverse(cam2global), e2g),
+                                     _lidar2ego())
             cam2img = np.eye(4)
             cam2img[:3, :3] = cam.intrinsic
             images[cam.channel] = dict(
                 img_path=osp.basename(rec['filename']), height=cam.height, width=cam.width,
                 cam2img=_m(cam.intrinsic), lidar2cam=_m(lidar2cam), cam2ego=_m(cam.cam2ego),
-                lidar2img=_m(cam2img @ lidar2cam), sample_data_token=rec['token'],
+                lidar2img=_m(exact.matmul(cam2img, lidar2cam)), sample_data_token=rec['token'],
                 timestamp=rec['timestamp'] / 1e6)
             cam_instances[cam.channel] = self._cam_instances(cam, boxes, ego2cam, cam2global)
         return images, cam_instances
@@ -743,20 +751,19 @@ class _SceneWriter:
     def _cam_instances(self, cam: CameraModel, boxes: np.ndarray, ego2cam: np.ndarray,
                        cam2global: np.ndarray) -> List[dict]:
         """Objects seen by ``cam``, with the fields ``update_infos_to_v2.py`` writes."""
-        from pyquaternion import Quaternion
-        cam2global_q = Quaternion(matrix=cam2global[:3, :3])
         out = []
         for track, box in zip(self.world.tracks, boxes):
-            corners = box_corners(box) @ ego2cam[:3, :3].T + ego2cam[:3, 3]
+            corners = exact.matmul(box_corners(box), ego2cam[:3, :3].T) + ego2cam[:3, 3]
             bbox = image_bbox(corners, cam)
             centre = corners.mean(0)
             if bbox is None or centre[2] <= 0:
                 continue
             l, w, h = (float(v) for v in track.lwh)
             # as the converter: yaw of the devkit box in the camera frame, negated
-            yaw = -(cam2global_q.inverse * Quaternion(yaw_quaternion(track.yaw))).yaw_pitch_roll[0]
-            velocity = cam2global[:3, :3].T @ np.array([*track.velocity, 0.0])
-            uvz = cam.intrinsic @ centre
+            yaw = -_quaternion_yaw(matrix_quaternion(
+                exact.matmul(cam2global[:3, :3].T, yaw_matrix(track.yaw))))
+            velocity = exact.matmul(cam2global[:3, :3].T, np.array([*track.velocity, 0.0]))
+            uvz = exact.matmul(cam.intrinsic, centre)
             out.append(dict(
                 bbox_label=track.label, bbox_label_3d=track.label, bbox=bbox,
                 bbox_3d_isvalid=True, bbox_3d=[*centre.tolist(), l, h, w, float(yaw)],
@@ -764,6 +771,13 @@ class _SceneWriter:
                 depth=float(uvz[2]),
                 attr_label=(ATTRIBUTES + ('None',)).index(track.attribute or 'None')))
         return out
+
+
+def _quaternion_yaw(q: Sequence[float]) -> float:
+    """pyquaternion's ``yaw_pitch_roll[0]`` of a unit quaternion (w, x, y, z), which
+    mmdet3d's info converter uses, computed the same on every CPU."""
+    w, x, y, z = q
+    return exact.arctan2(2 * (w * z - x * y), 1 - 2 * (y * y + z * z))
 
 
 def _metainfo(version: str) -> dict:

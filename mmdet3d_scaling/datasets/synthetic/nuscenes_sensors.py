@@ -12,6 +12,8 @@ from typing import Dict, List, Sequence, Tuple
 import cv2
 import numpy as np
 
+from . import exact
+
 __all__ = ['CAMERAS', 'LIDAR_TRANSLATION', 'LIDAR_YAW', 'HDL32_ELEVATIONS_DEG',
            'CameraModel', 'camera_models', 'pose_matrix', 'yaw_quaternion',
            'matrix_quaternion', 'box_corners', 'render_camera', 'image_bbox']
@@ -42,13 +44,14 @@ def pose_matrix(rotation: np.ndarray, translation: Sequence[float]) -> np.ndarra
 
 
 def yaw_matrix(yaw: float) -> np.ndarray:
-    c, s = np.cos(yaw), np.sin(yaw)
+    s, c = exact.sincos(yaw)
     return np.array([[c, -s, 0.0], [s, c, 0.0], [0.0, 0.0, 1.0]])
 
 
 def yaw_quaternion(yaw: float) -> List[float]:
     """nuScenes quaternion (w, x, y, z) of a rotation by ``yaw`` about z."""
-    return [float(np.cos(yaw / 2)), 0.0, 0.0, float(np.sin(yaw / 2))]
+    s, c = exact.sincos(yaw / 2)
+    return [float(c), 0.0, 0.0, float(s)]
 
 
 def matrix_quaternion(rot: np.ndarray) -> List[float]:
@@ -67,7 +70,7 @@ def matrix_quaternion(rot: np.ndarray) -> List[float]:
         q[1 + i] = s / 4
         q[1 + j] = (m[j, i] + m[i, j]) / s
         q[1 + k] = (m[k, i] + m[i, k]) / s
-    q = np.asarray(q) / np.linalg.norm(q)
+    q = np.asarray(q) / exact.norm(np.asarray(q, np.float64))
     return [float(v) for v in (q if q[0] >= 0 else -q)]
 
 
@@ -86,9 +89,9 @@ def camera_models(height: int, width: int) -> List[CameraModel]:
     scale = width / 1600.0
     models = []
     for channel, (trans, yaw_deg, focal) in CAMERAS.items():
-        yaw = np.radians(yaw_deg)
-        forward = np.array([np.cos(yaw), np.sin(yaw), 0.0])
-        right = np.array([np.sin(yaw), -np.cos(yaw), 0.0])
+        sin, cos = exact.sincos(yaw_deg * (np.pi / 180))
+        forward = np.array([cos, sin, 0.0])
+        right = np.array([sin, -cos, 0.0])
         down = np.array([0.0, 0.0, -1.0])
         rot = np.stack([right, down, forward], axis=1)  # columns: camera axes in ego
         f = focal * scale
@@ -103,7 +106,7 @@ def box_corners(box: np.ndarray) -> np.ndarray:
     x, y, z, l, w, h, yaw = box[:7]
     sx = np.array([1, 1, -1, -1]) * l / 2
     sy = np.array([1, -1, -1, 1]) * w / 2
-    c, s = np.cos(yaw), np.sin(yaw)
+    s, c = exact.sincos(yaw)
     xy = np.stack([x + c * sx - s * sy, y + s * sx + c * sy], axis=1)
     bottom = np.concatenate([xy, np.full((4, 1), z)], axis=1)
     return np.concatenate([bottom, bottom + np.array([0, 0, h])], axis=0)
@@ -130,7 +133,7 @@ def _clip_near(poly: np.ndarray) -> np.ndarray:
 
 
 def _project(points_cam: np.ndarray, intrinsic: np.ndarray) -> np.ndarray:
-    uvw = points_cam @ intrinsic.T
+    uvw = exact.matmul(points_cam, np.asarray(intrinsic, np.float64).T)
     return uvw[:, :2] / uvw[:, 2:3]
 
 
@@ -180,26 +183,28 @@ def render_camera(rng: np.random.Generator, cam: CameraModel, ego2cam: np.ndarra
     img = _background(rng, cam)
     order = []
     for i, box in enumerate(boxes):
-        centre = ego2cam[:3, :3] @ np.array([box[0], box[1], box[2] + box[5] / 2]) + ego2cam[:3, 3]
+        centre = exact.matmul(ego2cam[:3, :3], np.array([box[0], box[1], box[2] + box[5] / 2])) \
+            + ego2cam[:3, 3]
         if centre[2] > -max(box[3], box[4]):  # possibly in front of the camera
-            order.append((np.linalg.norm(centre), i))
-    cam_origin_ego = np.linalg.inv(ego2cam)[:3, 3]
+            order.append((exact.norm(centre), i))
+    cam_origin_ego = exact.rigid_inverse(ego2cam)[:3, 3]
     for _, i in sorted(order, reverse=True):
         corners = box_corners(boxes[i])
-        corners_cam = corners @ ego2cam[:3, :3].T + ego2cam[:3, 3]
+        corners_cam = exact.matmul(corners, ego2cam[:3, :3].T) + ego2cam[:3, 3]
         centre = corners.mean(0)
         for idx, name in _FACES:
             face = corners[list(idx)]
-            normal = np.cross(face[1] - face[0], face[2] - face[1])
-            normal /= np.linalg.norm(normal) + 1e-12
-            if normal @ (cam_origin_ego - face.mean(0)) <= 0:
+            normal = exact.cross(face[1] - face[0], face[2] - face[1])
+            normal /= exact.norm(normal) + 1e-12
+            if exact.dot(normal, cam_origin_ego - face.mean(0)) <= 0:
                 continue  # back face
-            if normal @ (face.mean(0) - centre) < 0:
+            if exact.dot(normal, face.mean(0) - centre) < 0:
                 normal = -normal
             clipped = _clip_near(corners_cam[list(idx)])
             if len(clipped) < 3:
                 continue
-            shade = 0.55 + 0.35 * max(float(normal @ sun), 0.0) + (0.1 if name == 'front' else 0.0)
+            shade = 0.55 + 0.35 * max(float(exact.dot(normal, sun)), 0.0) \
+                + (0.1 if name == 'front' else 0.0)
             uv = np.round(_project(clipped, cam.intrinsic) * 16).astype(np.int32)
             colour = np.clip(colors[i] * shade, 0, 255)
             cv2.fillConvexPoly(img, uv, colour.tolist(), lineType=cv2.LINE_AA, shift=4)

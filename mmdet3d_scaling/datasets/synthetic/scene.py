@@ -16,7 +16,9 @@ What makes the objects learnable:
   and reflectance, so a detector must tell it apart.
 
 Every object point is inside its box (noise is clipped to the box), so boxes contain
-their points exactly. The only randomness is the ``numpy.random.Generator`` passed in.
+their points exactly. The only randomness is the ``numpy.random.Generator`` passed in,
+and the geometry uses :mod:`.exact` (the same bits on every CPU) instead of numpy's
+CPU-dispatched trigonometry, BLAS products and norms.
 
 API (stable; the dataset writers rely on it)::
 
@@ -32,6 +34,8 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
+
+from . import exact
 
 __all__ = ['SizePrior', 'SensorModel', 'Area', 'Scene', 'sample_scene',
            'KITTI_CLASSES', 'box_corners_lidar', 'points_in_box_mask',
@@ -113,7 +117,7 @@ def box_corners_lidar(box: np.ndarray) -> np.ndarray:
     x, y, z, l, w, h, yaw = box[:7]
     sx = np.array([1, 1, -1, -1]) * l / 2
     sy = np.array([1, -1, -1, 1]) * w / 2
-    c, s = np.cos(yaw), np.sin(yaw)
+    s, c = exact.sincos(yaw)
     xy = np.stack([x + c * sx - s * sy, y + s * sx + c * sy], axis=1)
     bottom = np.concatenate([xy, np.full((4, 1), z)], axis=1)
     top = bottom + np.array([0, 0, h])
@@ -122,13 +126,13 @@ def box_corners_lidar(box: np.ndarray) -> np.ndarray:
 
 def _to_local(xyz: np.ndarray, box: np.ndarray) -> np.ndarray:
     """Points in the box frame (origin at the bottom centre, x along the length)."""
-    c, s = np.cos(box[6]), np.sin(box[6])
+    s, c = exact.sincos(box[6])
     d = xyz[:, :3] - box[:3]
     return np.stack([c * d[:, 0] + s * d[:, 1], -s * d[:, 0] + c * d[:, 1], d[:, 2]], 1)
 
 
 def _to_world(local: np.ndarray, box: np.ndarray) -> np.ndarray:
-    c, s = np.cos(box[6]), np.sin(box[6])
+    s, c = exact.sincos(box[6])
     x = c * local[:, 0] - s * local[:, 1] + box[0]
     y = s * local[:, 0] + c * local[:, 1] + box[1]
     return np.stack([x, y, local[:, 2] + box[2]], axis=1)
@@ -144,14 +148,14 @@ def points_in_box_mask(xyz: np.ndarray, box: np.ndarray, margin: float = 0.0) ->
 
 def _rects_overlap(a: np.ndarray, b: np.ndarray, margin: float) -> bool:
     """Separating-axis test of two boxes' footprints, each grown by ``margin``."""
-    reach = (np.hypot(a[3], a[4]) + np.hypot(b[3], b[4])) / 2 + 2 * margin
-    if np.hypot(a[0] - b[0], a[1] - b[1]) > reach:  # bounding circles apart: quick no
+    reach = (exact.hypot(a[3], a[4]) + exact.hypot(b[3], b[4])) / 2 + 2 * margin
+    if exact.hypot(a[0] - b[0], a[1] - b[1]) > reach:  # bounding circles apart: quick no
         return False
     ca, cb = box_corners_lidar(a)[:4, :2], box_corners_lidar(b)[:4, :2]
     for yaw in (a[6], b[6]):
-        for axis in (np.array([np.cos(yaw), np.sin(yaw)]),
-                     np.array([-np.sin(yaw), np.cos(yaw)])):
-            pa, pb = ca @ axis, cb @ axis
+        s, c = exact.sincos(yaw)
+        for axis in (np.array([c, s]), np.array([-s, c])):
+            pa, pb = exact.dot(ca, axis), exact.dot(cb, axis)
             if pa.max() + margin < pb.min() - margin or pb.max() + margin < pa.min() - margin:
                 return False
     return True
@@ -171,7 +175,7 @@ def _face_points(rng: np.random.Generator, box: np.ndarray, sensor: SensorModel,
         centre = np.array([0.0, 0.0, h / 2])
         centre[axis] = (half[axis] * sign) if axis < 2 else h
         to_sensor = sensor_local - centre
-        dist = np.linalg.norm(to_sensor)
+        dist = exact.norm(to_sensor)
         cos_inc = sign * to_sensor[axis] / max(dist, 1e-6)
         if cos_inc <= 0 or dist > sensor.max_range:
             continue
@@ -200,16 +204,16 @@ def _ellipsoid_points(rng: np.random.Generator, box: np.ndarray, sensor: SensorM
                       intensity: float) -> np.ndarray:
     """Points on the sensor-facing half of the ellipsoid inscribed in ``box`` (bushes)."""
     l, w, h = box[3:6]
-    dist = max(np.linalg.norm(box[:2]), 1.0)
+    dist = max(exact.norm(box[:2]), 1.0)
     area = np.pi * (l * h + w * h + l * w) / 3  # rough visible area
     n = rng.poisson(sensor.density * area / dist ** 2)
     if n == 0:
         return np.zeros((0, 4), np.float32)
     u = rng.normal(size=(n, 3))
-    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    u /= exact.norm(u, axis=1)[:, None]
     local = u * np.array([l / 2, w / 2, h / 2]) * 0.98 + np.array([0, 0, h / 2])
     world = _to_world(local, box)
-    facing = (u * _to_local(np.zeros((1, 3)), box)[0]).sum(1) - (u * local).sum(1) > 0
+    facing = exact.dot(u, _to_local(np.zeros((1, 3)), box)[0]) - exact.dot(u, local) > 0
     world = world[facing]
     refl = np.clip(rng.normal(intensity, 0.05, len(world)), 0, 1)
     return np.concatenate([world, refl[:, None]], axis=1).astype(np.float32)
@@ -218,27 +222,28 @@ def _ellipsoid_points(rng: np.random.Generator, box: np.ndarray, sensor: SensorM
 def _ground_points(rng: np.random.Generator, sensor: SensorModel) -> np.ndarray:
     """Ground returns: log-uniform range (density ~ 1/r^2), uniform azimuth."""
     n = sensor.ground_points
-    r = np.exp(rng.uniform(np.log(2.5), np.log(sensor.max_range), n))
+    r = exact.exp(rng.uniform(exact.log(2.5), exact.log(sensor.max_range), n))
     az = rng.uniform(-np.pi, np.pi, n)
+    sin_az, cos_az = exact.sincos(az)
     z = -sensor.height + rng.normal(0, sensor.noise, n)
     refl = np.clip(rng.normal(0.12, 0.05, n), 0, 1)
-    return np.stack([r * np.cos(az), r * np.sin(az), z, refl], 1).astype(np.float32)
+    return np.stack([r * cos_az, r * sin_az, z, refl], 1).astype(np.float32)
 
 
 def _shadow_mask(xyz: np.ndarray, box: np.ndarray) -> np.ndarray:
     """Points hidden behind ``box`` as seen from the origin (azimuth/elevation test)."""
     corners = box_corners_lidar(box)
-    az_c = np.arctan2(box[1], box[0])
+    az_c = exact.arctan2(box[1], box[0])
     wrap = lambda a: (a + np.pi) % (2 * np.pi) - np.pi  # noqa: E731
-    d_az = wrap(np.arctan2(corners[:4, 1], corners[:4, 0]) - az_c)
-    r_corner = np.linalg.norm(corners[:4, :2], axis=1)
+    d_az = wrap(exact.arctan2(corners[:4, 1], corners[:4, 0]) - az_c)
+    r_corner = exact.norm(corners[:4, :2], axis=1)
     z_top = box[2] + box[5]
     # highest elevation of the silhouette's top edge
-    elev_top = np.arctan2(z_top, r_corner.max() if z_top < 0 else r_corner.min())
-    p_az = wrap(np.arctan2(xyz[:, 1], xyz[:, 0]) - az_c)
-    p_r = np.linalg.norm(xyz[:, :2], axis=1)
+    elev_top = exact.arctan2(z_top, r_corner.max() if z_top < 0 else r_corner.min())
+    p_az = wrap(exact.arctan2(xyz[:, 1], xyz[:, 0]) - az_c)
+    p_r = exact.norm(xyz[:, :2], axis=1)
     return ((p_az >= d_az.min()) & (p_az <= d_az.max()) & (p_r > r_corner.min())
-            & (np.arctan2(xyz[:, 2], p_r) < elev_top))
+            & (exact.arctan2(xyz[:, 2], p_r) < elev_top))
 
 
 # ------------------------------------------------------------------------- placement
@@ -247,9 +252,9 @@ def _place(rng: np.random.Generator, lwh: np.ndarray, area: Area, fov_deg: Optio
     """A box of size ``lwh`` that overlaps nothing in ``placed``, or None."""
     for _ in range(tries):
         x, y = rng.uniform(area.x_min, area.x_max), rng.uniform(area.y_min, area.y_max)
-        if np.hypot(x, y) < area.min_range:
+        if exact.hypot(x, y) < area.min_range:
             continue
-        if fov_deg is not None and abs(np.degrees(np.arctan2(y, x))) > fov_deg / 2:
+        if fov_deg is not None and abs(exact.arctan2(y, x) * (180 / np.pi)) > fov_deg / 2:
             continue
         box = np.array([x, y, ground_z, *lwh, rng.uniform(-np.pi, np.pi)])
         if not any(_rects_overlap(box, other, 0.3) for other in placed):
@@ -324,7 +329,7 @@ def sample_scene(rng: np.random.Generator, classes: Mapping[str, SizePrior], n_o
     keep = np.ones(len(points), bool)
     for i, box in enumerate(placed):
         keep &= ~(_shadow_mask(points[:, :3], box) & (owner != i))
-    keep &= np.linalg.norm(points[:, :2], axis=1) <= sensor.max_range
+    keep &= exact.norm(points[:, :2], axis=1) <= sensor.max_range
 
     visibility = np.array([keep[owner == i].mean() if (owner == i).any() else 0.0
                            for i in range(n_obj)], np.float32)
@@ -384,7 +389,7 @@ def scan_boxes(rng: np.random.Generator, boxes: np.ndarray, intensities: np.ndar
 
     owner = np.concatenate([np.full(len(c), i) for i, c in enumerate(chunks)])
     points = np.concatenate(chunks)
-    keep = np.linalg.norm(points[:, :2], axis=1) <= sensor.max_range
+    keep = exact.norm(points[:, :2], axis=1) <= sensor.max_range
     for i, box in enumerate(placed):
         keep &= ~(_shadow_mask(points[:, :3], box) & (owner != i))
     n_obj = len(boxes)

@@ -62,6 +62,24 @@ def test_get_config_resolves_in_the_package_and_through_mmdet3d_bases():
     assert cfg.model.type == 'PointVoxelRCNN'  # ./ base, then an mmdet3d:: base
 
 
+def test_short_names_at_the_top_of_configs_resolve(tmp_path):
+    """``mmdet3d_scaling::bevfusion_1gpu.py`` has no folder: upstream's parser demands one
+    (``pkg::folder/file``), the patch does not."""
+    short = 'mmdet3d_scaling::bevfusion_1gpu.py'
+    found = Path(get_config(short).filename)  # in the installed distribution's .mim
+    assert found.parts[-3:] == ('.mim', 'configs', 'bevfusion_1gpu.py')
+    assert found.read_text() == (MIM_CONFIGS / 'bevfusion_1gpu.py').read_text()
+    by_package = _user_config(tmp_path, short)
+    by_file = _user_config(tmp_path, str(MIM_CONFIGS / 'bevfusion_1gpu.py'))
+    assert _strip_scope(by_package.to_dict()) == _strip_scope(by_file.to_dict())
+    patching.revert(['config_scope'])
+    try:
+        with pytest.raises(ValueError, match='relative config path'):
+            _user_config(tmp_path, short)
+    finally:
+        patching.apply(['config_scope'])
+
+
 def test_bad_paths_name_the_value(tmp_path):
     with pytest.raises(FileNotFoundError, match='mmdet3d_scaling::demo/nope.py'):
         _user_config(tmp_path, 'mmdet3d_scaling::demo/nope.py')
