@@ -32,16 +32,19 @@ for stage in "$@"; do
   bevfusion)
     nuscenes
     $STEP $BEVFUSION --batch 4 --precision bf16,fp32 --workers 4 --warmup 8 --iters 16 \
-      --profile 3 --cfg-options $TF32 --out "$OUT/bevfusion_b4_h200.json" 2>&1 \
-      | grep -E "^==|^   |Error" | head -40
+      --profile 3 --cfg-options $TF32 --out "$OUT/bevfusion_b4_h200.json" \
+      > "$OUT/bevfusion_b4.log" 2>&1
+    grep -E "^\[step\]|Error" "$OUT/bevfusion_b4.log"
     $STEP $BEVFUSION --batch 4 --precision bf16 --workers 4 --warmup 8 --iters 8 \
       --profile 3 --cfg-options $TF32 model.data_preprocessor.voxelize_cfg.implementation=mmcv \
-      --out "$OUT/bevfusion_b4_mmcv_voxelizer_h200.json" 2>&1 | grep -E "^==|^   |Error" | head -20
+      --out "$OUT/bevfusion_b4_mmcv_voxelizer_h200.json" > "$OUT/bevfusion_b4_mmcv.log" 2>&1
+    grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_mmcv.log"
     ;;
   fit)
     nuscenes
-    python benchmarks/bevfusion_1gpu_fit.py --out "$OUT/bevfusion_1gpu_fit_h200.json" 2>&1 \
-      | tail -25
+    python benchmarks/bevfusion_1gpu_fit.py --out "$OUT/bevfusion_1gpu_fit_h200.json" \
+      > "$OUT/bevfusion_1gpu_fit.log" 2>&1
+    tail -25 "$OUT/bevfusion_1gpu_fit.log"
     ;;
   pv_rcnn)
     kitti
@@ -50,12 +53,14 @@ for stage in "$@"; do
         --iters ${ITERS:-12} --warmup 1 --warmup-iters 20 --no-comm-run --threads $threads \
         --out work_dirs/vs_stock_t$threads --compare-stock-at equal \
         --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
-        --cfg-options train_dataloader.num_workers=6 2>&1 | tail -8
+        --cfg-options train_dataloader.num_workers=6 > "$OUT/pv_rcnn_t$threads.log" 2>&1
+      tail -8 "$OUT/pv_rcnn_t$threads.log"
       cp work_dirs/vs_stock_t$threads/scaling.json "$OUT/pv_rcnn_vs_stock_threads$threads.json"
     done
     $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 --workers 6 \
-      --warmup 10 --iters 10 --profile 3 --out "$OUT/pv_rcnn_b8_profile_h200.json" 2>&1 \
-      | grep -E "^==|^   |Error" | head -20
+      --warmup 10 --iters 10 --profile 3 --out "$OUT/pv_rcnn_b8_profile_h200.json" \
+      > "$OUT/pv_rcnn_profile.log" 2>&1
+    grep -E "^\[step\]|Error" "$OUT/pv_rcnn_profile.log"
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

@@ -100,13 +100,13 @@ def main(argv: Optional[List[str]] = None) -> None:
                                             'peak_allocated_gib', 'peak_reserved_gib',
                                             'error')}
         prof = result.get('profile') or {}
-        print(f'== {json.dumps(brief)}', flush=True)
+        print(f'[step] {json.dumps(brief)}', flush=True)
         if prof:
-            print(f"   GPU busy {prof['gpu_busy_share']:.1%}, kernels "
+            print(f"[step] GPU busy {prof['gpu_busy_share']:.1%}, kernels "
                   f"{prof['kernel_ms_per_iter']:.1f} ms of {prof['wall_ms_per_iter']:.1f} "
                   'ms per micro-batch; top kernels:')
             for row in prof['top_kernels']:
-                print(f"   {row['share']:6.1%} {row['ms_per_iter']:8.2f} ms  {row['name']}")
+                print(f"[step] {row['share']:6.1%} {row['ms_per_iter']:8.2f} ms  {row['name']}")
         gc.collect()
         torch.cuda.empty_cache()
     if args.out:
