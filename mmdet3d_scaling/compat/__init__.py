@@ -41,5 +41,6 @@ from . import max_iou_assigner, instance_data_index, pseudo_sampler  # noqa: E40
 from . import grouping_backward, rpn_proposal_nms, stack_query_group  # noqa: E402,F401
 from . import iou_piecewise_sampler, roi_assign, anchor_targets  # noqa: E402,F401
 from . import foreground_seg_targets, rcnn_bbox_targets  # noqa: E402,F401
+from . import nms_bev  # noqa: E402,F401
 
 __all__ = ['patching', 'mmcv_ops']
