@@ -30,13 +30,14 @@ from torch import Tensor
 
 #: candidate pairs above which mmcv's dense kernel is used instead (memory bound).
 MAX_PAIRS = 2 ** 26
-#: widening of each box's bounds, relative to the boxes' scale 1 + max |x| + max |y|
-#: + max |w| + max |h| (float32 rounding in mmcv's IoU is ~1e-7 of it: pairs left out
-#: have an IoU of exactly 0).
+#: widening of each box's bounds, relative to its scale (see :func:`_widened_bounds`).
+#: mmcv computes the IoU in float32 around the pair's midpoint: its rounding moves a
+#: box's edges by ~1e-7 of that scale, its directions by ~1e-7 x scale / shorter side;
+#: with the widening far above both, pairs left out have an IoU of exactly 0.
 BOUNDS_MARGIN = 1e-3
-#: boxes whose shorter side is below this x the scale pair with every box of their
-#: group: rounding makes mmcv's IoU of a near-flat box arbitrary (even for far boxes).
-THIN_BOX = 1e-3
+#: a box whose shorter side is below this x its scale pairs with every box of its
+#: group: rounding turns a near-flat box's edge directions, and so its IoU, to noise.
+THIN_BOX = 1e-4
 _BLOCK = {'cpu': 2 ** 22, 'cuda': 2 ** 26}  # elements of one bounds-overlap block
 _UNDECIDED, _KEPT, _SUPPRESSED = 0, 1, 2
 
@@ -190,24 +191,24 @@ def _cut_groups(order: Tensor, gsorted: Tensor, size: Optional[int], one_group: 
 
 
 def _widened_bounds(boxes: Tensor) -> Tuple[Tensor, Tensor]:
-    """(lo, hi): (M, 2) float64 axis-aligned bounds of rotated boxes, widened by
-    :data:`BOUNDS_MARGIN` x the scale of all boxes. A box thinner than
-    :data:`THIN_BOX` x that scale (mmcv's float32 IoU of it can be anything, far away
-    too) gets bounds around all boxes; NaN bounds (a box not finite) pair with all."""
+    """(lo, hi): (M, 2) float64 axis-aligned bounds of rotated boxes, each widened by
+    :data:`BOUNDS_MARGIN` x its scale ``1 + P + |w| + |h|`` (``P``: the largest finite
+    ``|x| + |y|`` of all boxes, which bounds the coordinates mmcv's IoU works in). A box
+    thinner than :data:`THIN_BOX` x its scale gets bounds around all boxes; a box that
+    is not finite gets NaN bounds (both pair with every box of their group)."""
     b = boxes.double()
     x, y, w, h, a = b.unbind(1)
-    finite = b.nan_to_num(0., 0., 0.).abs().amax(0)
-    scale = 1 + finite[0] + finite[1] + finite[2] + finite[3]
+    reach = (x.abs() + y.abs()).nan_to_num(0., 0., 0.).max()
+    scale = 1 + reach + w.abs() + h.abs()
     cos, sin = torch.cos(a), torch.sin(a)
-    margin = BOUNDS_MARGIN * scale
-    half_x = ((w * cos).abs() + (h * sin).abs()) / 2 + margin
-    half_y = ((w * sin).abs() + (h * cos).abs()) / 2 + margin
+    half_x = ((w * cos).abs() + (h * sin).abs()) / 2 + BOUNDS_MARGIN * scale
+    half_y = ((w * sin).abs() + (h * cos).abs()) / 2 + BOUNDS_MARGIN * scale
     lo = torch.stack((x - half_x, y - half_y), 1)
     hi = torch.stack((x + half_x, y + half_y), 1)
     thin = (torch.minimum(w.abs(), h.abs()) < THIN_BOX * scale)[:, None]
-    lo = torch.where(thin, -(scale + 1), lo)  # every finite box lies within +-scale
-    hi = torch.where(thin, scale + 1, hi)
-    return lo, hi
+    everywhere = (hi.nan_to_num(0., 0., 0.).abs().max()
+                  + lo.nan_to_num(0., 0., 0.).abs().max() + 1)
+    return torch.where(thin, -everywhere, lo), torch.where(thin, everywhere, hi)
 
 
 def _swept_pairs(lo: Tensor, hi: Tensor, gsorted: Tensor, span: float
