@@ -1,14 +1,12 @@
 """compat/nms_bev.py: mmdet3d's ``nms_bev`` routed through ``mmdet3d_scaling.ops``.
 
 A real PV-RCNN (the plugin's CPU config) on a real synthetic KITTI batch: the RPN's
-training proposals, the training losses from the same seed and the predictions (RPN and
-box-head NMS) are the same with and without the patch."""
+training proposals and the predictions (RPN and box-head NMS) are the same with and
+without the patch."""
 import copy
 import os.path as osp
-import random
 from contextlib import contextmanager
 
-import numpy as np
 import pytest
 import torch
 from mmengine.config import Config
@@ -40,12 +38,6 @@ def _upstream():
         patching.apply(['nms_bev'])
 
 
-def _seed(seed: int = 0) -> None:
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-
-
 @pytest.fixture(scope='module')
 def runner(tmp_path_factory):
     root = write_dataset(str(tmp_path_factory.mktemp('pv_kitti') / 'synthetic_kitti'),
@@ -68,46 +60,52 @@ def _assert_same_instances(ours, theirs):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), k
 
 
-def test_pv_rcnn_train_step_same_proposals_and_losses(runner):
+def test_pv_rcnn_train_step_same_proposals(runner):
+    """The RPN's training proposals (nms_pre 1024, threshold 0.8) from the same
+    features; the rest of the step depends on the NMS only through them."""
     model = runner.model
     model.train()
     batch = next(iter(runner.train_dataloader))
     data = model.data_preprocessor(batch, training=True)
-    inputs, samples = data['inputs'], data['data_samples']
+    samples = data['data_samples']
     assert len(samples) == 2
     with torch.no_grad():
-        feats = model.extract_feat(inputs)
+        feats = model.extract_feat(data['inputs'])
 
     def proposals():
         return model.rpn_head.loss_and_predict(
             feats, copy.deepcopy(samples), proposal_cfg=model.train_cfg.rpn_proposal)[1]
 
-    def losses():
-        _seed()
-        with torch.no_grad():
-            return model.loss(inputs, copy.deepcopy(samples))
-
-    ours, ours_losses = proposals(), losses()
+    ours = proposals()
     with _upstream():
-        theirs, their_losses = proposals(), losses()
+        theirs = proposals()
     for a, b in zip(ours, theirs):
         assert len(b.scores_3d) > 0
         _assert_same_instances(a, b)
-    assert sorted(ours_losses) == sorted(their_losses)
-    for k in their_losses:
-        a, b = ours_losses[k], their_losses[k]
-        a, b = (torch.stack(a), torch.stack(b)) if isinstance(a, list) else (a, b)
-        assert torch.equal(a, b), k
 
 
 def test_pv_rcnn_predictions_are_the_same(runner):
+    """PV-RCNN's predict, split where the NMS calls are (the CPU backbone is not
+    bit-deterministic between calls): RPN proposals, then the box head's results from
+    the same point features."""
     model = runner.model
     model.eval()
     batch = next(iter(runner.build_dataloader(runner.cfg.val_dataloader)))
+    data = model.data_preprocessor(batch, training=False)
+    inputs, samples = data['inputs'], data['data_samples']
     with torch.no_grad():
-        ours = model.val_step(batch)
+        feats = model.extract_feat(inputs)
+        ours = model.rpn_head.predict(feats, samples)
         with _upstream():
-            theirs = model.val_step(batch)
+            theirs = model.rpn_head.predict(feats, samples)
+        for a, b in zip(ours, theirs):
+            assert len(b.scores_3d) > 0
+            _assert_same_instances(a, b)
+        points = model.extract_points_feat(inputs, feats, theirs)
+        ours = model.roi_head.predict(points, theirs, samples)
+        with _upstream():
+            theirs = model.roi_head.predict(points, theirs, samples)
     assert len(ours) == len(theirs) > 0
     for a, b in zip(ours, theirs):
-        _assert_same_instances(a.pred_instances_3d, b.pred_instances_3d)
+        assert len(b.scores_3d) > 0
+        _assert_same_instances(a, b)
