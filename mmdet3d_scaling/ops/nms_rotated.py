@@ -10,7 +10,8 @@ of exactly 0, which suppresses nothing unless the threshold admits 0. This versi
 1. orders the boxes of each group as upstream does: score descending; where equal scores
    make the order depend on the sort's tie-breaking, upstream's own ``sort`` calls on
    that group's scores give it;
-2. finds the pairs whose bounds, widened by far more than float rounding, overlap;
+2. finds the pairs whose bounds, widened by far more than float rounding, overlap (a
+   sweep along x); boxes too thin for float32 (:data:`THIN_BOX`) pair with all;
 3. computes their IoU with mmcv's ``box_iou_rotated`` (the same
    ``single_box_iou_rotated`` the NMS kernels call, with the higher-ranked box first as
    there) and compares as the device's NMS kernel does: ``iou >= thr`` on the CPU,
@@ -23,7 +24,7 @@ does not pay: a threshold that admits an IoU of 0 (CPU ``thr <= 0``, CUDA ``thr 
 dtypes other than float32, devices other than CPU and CUDA, and inputs with more than
 :data:`MAX_PAIRS` overlapping pairs.
 """
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
