@@ -4,7 +4,7 @@
 # the "before" profile), the 24 GiB one-GPU recipe, PV-RCNN against stock mmdet3d at one
 # and sixteen intra-op threads. Run from the checkout root on the GPU machine after
 # `source .device/setup.sh`; results go to $OUT (default ./bench_out).
-#   bash benchmarks/gpu_speed.sh voxelization bevfusion fit pv_rcnn
+#   bash benchmarks/gpu_speed.sh voxelization nms bevfusion fit pv_rcnn
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -28,6 +28,12 @@ for stage in "$@"; do
   voxelization)
     python benchmarks/voxelization.py --device cuda --out "$OUT/voxelization_h200.json" \
       2>&1 | tail -12
+    ;;
+  nms)
+    timeout 150 python -m pytest -q -p no:cacheprovider tests/ops/test_nms_rotated.py \
+      > "$OUT/nms_cuda_tests.txt" 2>&1; tail -2 "$OUT/nms_cuda_tests.txt"
+    python benchmarks/nms_rotated.py --device cuda --out "$OUT/nms_rotated_h200.json" \
+      > "$OUT/nms_rotated.log" 2>&1; tail -12 "$OUT/nms_rotated.log"
     ;;
   bevfusion)
     nuscenes
