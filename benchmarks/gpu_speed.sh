@@ -57,7 +57,7 @@ for stage in "$@"; do
     kitti
     for threads in 1 16; do
       python tools/benchmark_scaling.py configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --nproc 1 \
-        --iters ${ITERS:-12} --warmup 1 --warmup-iters 20 --no-comm-run --threads $threads \
+        --iters ${ITERS:-12} --warmup 1 --warmup-iters 12 --no-comm-run --threads $threads \
         --out work_dirs/vs_stock_t$threads --compare-stock-at equal \
         --compare-stock mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py \
         --cfg-options train_dataloader.num_workers=6 > "$OUT/pv_rcnn_t$threads.log" 2>&1
@@ -65,7 +65,7 @@ for stage in "$@"; do
       cp work_dirs/vs_stock_t$threads/scaling.json "$OUT/pv_rcnn_vs_stock_threads$threads.json"
     done
     $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 --workers 6 \
-      --warmup 10 --iters 10 --profile 3 --out "$OUT/pv_rcnn_b8_profile_h200.json" \
+      --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_profile_h200.json" \
       > "$OUT/pv_rcnn_profile.log" 2>&1
     grep -E "^\[step\]|Error" "$OUT/pv_rcnn_profile.log"
     ;;
