@@ -25,6 +25,7 @@ LAYERS: List[Tuple[str, ...]] = [
     ('config',),
     ('engine',),
     ('batch_size',),
+    ('monitoring',),
     ('hooks',),
     ('diagnostics',),
 ]

@@ -10,12 +10,14 @@ recipe step, which expects a number (or None) in ``scaling.per_gpu_batch_size``.
 """
 from mmengine.config import Config, ConfigDict
 
+from ..utils.registry_scope import type_name
+
 HOOK_TYPE = 'AutoBatchSizeHook'
 CONFIG_KEY = 'auto_batch_size'
 
 
 def _has_hook(hooks: list) -> bool:
-    return any(isinstance(h, dict) and h.get('type') in (HOOK_TYPE, f'mmdet3d.{HOOK_TYPE}')
+    return any(isinstance(h, dict) and type_name(h.get('type')) == HOOK_TYPE
                for h in hooks)
 
 

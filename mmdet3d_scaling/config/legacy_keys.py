@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
+from ..utils.registry_scope import type_name
 from .validators import ConfigConflictError, merge, positive_int
 
 HOOK_TYPE = 'GradientCumulativeOptimizerHook'
@@ -55,12 +56,6 @@ AUTO_FP16_LOSS_SCALE = dict(init_scale=2.**3, growth_interval=100)
 BF16_LOSS_SCALE = dict(enabled=False)
 
 
-def _type_name(value: Any) -> str:
-    """Registry type name without a scope prefix ('mmdet3d.X' -> 'X')."""
-    return value.split('.')[-1] if isinstance(value, str) else getattr(
-        value, '__name__', repr(value))
-
-
 def _optim_wrapper(cfg: Config, why: str) -> ConfigDict:
     wrapper = cfg.get('optim_wrapper')
     if not isinstance(wrapper, dict):
@@ -74,7 +69,7 @@ def _optim_wrapper(cfg: Config, why: str) -> ConfigDict:
 # --------------------------------------------------------------- accumulation
 def _hook_entries(cfg: Config) -> List[dict]:
     return [h for h in cfg.get('custom_hooks') or []
-            if isinstance(h, dict) and _type_name(h.get('type')) == HOOK_TYPE]
+            if isinstance(h, dict) and type_name(h.get('type')) == HOOK_TYPE]
 
 
 def _pop_legacy_optimizer_config(cfg: Config) -> Tuple[Optional[int], Optional[dict],
@@ -88,7 +83,7 @@ def _pop_legacy_optimizer_config(cfg: Config) -> Tuple[Optional[int], Optional[d
         return None, None, None
     if not isinstance(legacy, dict):
         raise ValueError(f'optimizer_config must be a dict, got {legacy!r}.')
-    kind = _type_name(legacy.get('type', 'OptimizerHook'))
+    kind = type_name(legacy.get('type', 'OptimizerHook'))
     if kind not in LEGACY_OPTIMIZER_HOOKS:
         raise ValueError(
             f'optimizer_config type {kind!r} has no mmengine equivalent in this plugin. '
@@ -190,7 +185,7 @@ def _use_optimizer_step_schedulers(cfg: Config) -> None:
         cfg.default_hooks = ConfigDict()
     default_hooks = cfg.default_hooks
     current = default_hooks.get('param_scheduler', dict(type='ParamSchedulerHook'))
-    if isinstance(current, dict) and _type_name(
+    if isinstance(current, dict) and type_name(
             current.get('type')) == 'ParamSchedulerHook':
         default_hooks['param_scheduler'] = dict(current,
                                                 type=f'mmdet3d.{SCHEDULER_HOOK_TYPE}')
@@ -319,7 +314,7 @@ def translate_amp_config(cfg: Config) -> Config:
         return cfg
     source, wanted = request
     wrapper = _optim_wrapper(cfg, source)
-    kind = _type_name(wrapper.get('type', 'OptimWrapper'))
+    kind = type_name(wrapper.get('type', 'OptimWrapper'))
     if kind not in ('OptimWrapper', 'AmpOptimWrapper'):
         raise ConfigConflictError(
             f'`{source}` asks for AmpOptimWrapper but optim_wrapper.type = {kind!r}. '

@@ -13,6 +13,7 @@ from typing import List
 from mmengine.config import Config
 
 from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
+from ..utils.registry_scope import strip_scope
 from .auto_batch_size import configure_auto_batch_size
 from .devices import configure_devices
 from .distributed import configure_distributed
@@ -32,20 +33,20 @@ def _our_types(entries) -> List[str]:
     from ..registry import our_type_names
     ours = our_type_names()
     names = [e.get('type') for e in entries or [] if isinstance(e, dict)]
-    return [n for n in names if isinstance(n, str) and n.split('.')[-1] in ours]
+    return [n for n in names if isinstance(n, str) and strip_scope(n) in ours]
 
 
 def plugin_keys(cfg: Config) -> List[str]:
     """The plugin features a config uses: its keys, and our hooks / wrapper by type."""
     found = [key for key in PLUGIN_KEYS if cfg.get(key) is not None]
     runner_type = cfg.get('runner_type')
-    if isinstance(runner_type, str) and runner_type.split('.')[-1] == 'ScalingRunner':
+    if isinstance(runner_type, str) and strip_scope(runner_type) == 'ScalingRunner':
         found.insert(0, 'runner_type=ScalingRunner')
     hooks = _our_types(cfg.get('custom_hooks'))
     hooks += _our_types((cfg.get('default_hooks') or {}).values())
     found += [f'hook {name}' for name in hooks]
     wrapper = (cfg.get('model_wrapper_cfg') or {}).get('type')
-    if isinstance(wrapper, str) and wrapper.split('.')[-1] == _OUR_WRAPPER:
+    if isinstance(wrapper, str) and strip_scope(wrapper) == _OUR_WRAPPER:
         found.append(f'model_wrapper_cfg.type={wrapper}')
     return found
 

@@ -39,6 +39,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from mmengine.config import Config, ConfigDict
 from mmengine.logging import print_log
 
+from ..utils.registry_scope import type_name
 from .validators import positive_int as _positive_int
 
 LR_SCALINGS = ('linear', 'sqrt', 'none')
@@ -495,9 +496,8 @@ def apply_scaling_recipe(cfg: Config, world_size: int,
     return cfg
 
 
-def _hook_type(hook: Any) -> Optional[str]:
-    kind = hook.get('type') if isinstance(hook, dict) else type(hook).__name__
-    return kind.split('.')[-1] if isinstance(kind, str) else getattr(kind, '__name__', None)
+def _hook_type(hook: Any) -> str:
+    return type_name(hook.get('type') if isinstance(hook, dict) else type(hook))
 
 
 #: hooks that save an unfinished accumulation window's gradients in checkpoints

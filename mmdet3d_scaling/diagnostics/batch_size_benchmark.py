@@ -24,93 +24,28 @@ On a GPU the CUDA allocator is measured. ``--probe modeled`` is a dry run on a C
 modelled device (``--capacity-mib``, ``--mib-per-sample``, ``--bytes-per-element``)
 raises a real ``torch.cuda.OutOfMemoryError`` above its capacity, also during step 2.
 
-Importing this module registers :class:`TrainingWatch` in mmdet3d's ``HOOKS``, which is
-why the package's ``__init__`` does not import it.
+Step 2 and the timing of step 3 run in the hook
+:class:`~mmdet3d_scaling.diagnostics.hooks.training_watch.TrainingWatch` (the no-margin
+check itself: :mod:`mmdet3d_scaling.diagnostics.batch_size_limits`). Importing this
+module registers ``TrainingWatch`` in mmdet3d's ``HOOKS``, which is why the package's
+``__init__`` does not import it.
 """
-import argparse
 import json
 import os
 import os.path as osp
-import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Optional
 
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.model import is_model_wrapper
 from mmengine.runner import Runner
 
-from mmdet3d.registry import HOOKS
-
-from ..utils import progress
+from .hooks.training_watch import TrainingWatch
 from ..hooks.auto_batch_size_hook import AutoBatchSizeHook
-from .memory_probe import CudaMemoryProbe, ModeledMemoryProbe
-from .samples import LargestSampleBatches, RandomSampleBatches
-from .search import BatchSizeFinder, is_out_of_memory
+from ..utils.registry_scope import type_name
+from ..batch_size.search import is_out_of_memory
 
 MiB = 2**20
 DEFAULT_WORK_DIR = osp.join('work_dirs', 'benchmark_auto_batch_size')
-
-
-def _modeled(args, model, optim_wrapper=None) -> ModeledMemoryProbe:
-    optimizers = [] if optim_wrapper is None else [optim_wrapper.optimizer]
-    return ModeledMemoryProbe(model, capacity_bytes=int(args.capacity_mib * MiB),
-                              bytes_per_sample=args.mib_per_sample * MiB,
-                              bytes_per_element=args.bytes_per_element,
-                              optimizers=optimizers)
-
-
-class TrainingWatch(Hook):
-    """After the search: the no-margin check (printed at once, so a run cut short still
-    reports the search and the ratio), then peak memory and time of the training
-    iterations (with a progress bar, :mod:`mmdet3d_scaling.utils.progress`)."""
-
-    priority = 'LOWEST'
-
-    def __init__(self, args: dict):
-        self.args = argparse.Namespace(**args)
-        self.probe = None
-        self.iters = 0
-        self.start = self.seconds = None
-        self.peak_bytes: Optional[int] = None
-        self.check: Optional[Dict[str, Any]] = None
-        self.bar = progress.bar(show=False)
-
-    def before_train(self, runner) -> None:  # after the search (before_run)
-        search = next(h for h in runner.hooks if isinstance(h, AutoBatchSizeHook))
-        if search.result is not None:
-            found = search.result.batch_size
-            self.check = largest_fitting(self.args, runner, found)
-            bound = self.check['largest']
-            if self.args.verify_steps and bound > found:
-                self.check.update(largest_by_training(self.args, runner, found, bound))
-            progress.echo(
-                f'[auto batch size] search {search.result.seconds:.1f} s -> per-GPU '
-                f'batch {found}; largest that fits without margin '
-                f'{self.check["largest"]}{" (cap)" if self.check["capped"] else ""} '
-                f'(2-step trials: {bound}; {self.check["seconds"]:.1f} s); '
-                f'found / largest {found / self.check["largest"]:.2f}; now training '
-                f'{self.args.iters} iterations')
-        _, self.probe = _model_and_probe(self.args, runner)
-        self.probe.release()
-        self.probe.reset()
-        self.bar = progress.bar(total=runner.max_iters, desc='training', unit='iter')
-        self.start = time.perf_counter()
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        self.iters += 1
-        self.bar.update(1)
-
-    def finish(self) -> None:
-        self.bar.close()
-        if self.probe is not None and self.start is not None:
-            self.seconds = time.perf_counter() - self.start
-            self.peak_bytes = self.probe.peak_bytes()
-            if isinstance(self.probe, ModeledMemoryProbe):
-                self.probe.detach()
-
-
-HOOKS.register_module(module=TrainingWatch, force=True)
 
 
 def build_runner(args) -> Runner:
@@ -145,60 +80,9 @@ def build_runner(args) -> Runner:
                   use_cache=False, probe=probe)
     watch = dict(type='TrainingWatch', args=vars(args))
     cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
-                        if not (isinstance(h, dict) and h.get('type') ==
+                        if not (isinstance(h, dict) and type_name(h.get('type')) ==
                                 'AutoBatchSizeHook')] + [search, watch]
     return Runner.from_cfg(cfg)
-
-
-def _model_and_probe(args, runner) -> Tuple[Any, Any]:
-    """The unwrapped model and a fresh memory probe of the kind ``--probe`` asks for."""
-    model = runner.model.module if is_model_wrapper(runner.model) else runner.model
-    probe = _modeled(args, model, runner.optim_wrapper) if args.probe == 'modeled' \
-        else CudaMemoryProbe()
-    return model, probe
-
-
-def largest_fitting(args, runner, found: int) -> Dict[str, Any]:
-    """The largest batch that really fits (no margin), growing from ``found``."""
-    model, probe = _model_and_probe(args, runner)
-    loader = runner.train_dataloader
-    finder = BatchSizeFinder(
-        model, runner.optim_wrapper, LargestSampleBatches(loader.dataset,
-                                                          loader.collate_fn),
-        probe, margin=0.0, steps_per_trial=args.steps_per_trial,
-        init_batch_size=min(found, args.max_batch_size),
-        max_batch_size=args.max_batch_size, progress_desc='no-margin bound')
-    try:
-        result = finder.search()
-    finally:
-        if isinstance(probe, ModeledMemoryProbe):
-            probe.detach()
-    return dict(largest=result.batch_size, largest_2step=result.batch_size,
-                seconds=result.seconds, capped=result.hit_upper_bound,
-                trials=[t.__dict__ for t in result.trials])
-
-
-def largest_by_training(args, runner, found: int, bound: int) -> Dict[str, Any]:
-    """The largest batch in ``[found, bound]`` that trains ``--verify-steps`` steps on
-    random batches without running out of memory (``found`` is taken to fit: the
-    training after the search tests it)."""
-    model, probe = _model_and_probe(args, runner)
-    loader = runner.train_dataloader
-    batches = RandomSampleBatches(loader.dataset, loader.collate_fn,
-                                  num_workers=loader.num_workers)
-    finder = BatchSizeFinder(model, runner.optim_wrapper, batches, probe, margin=0.0,
-                             steps_per_trial=args.verify_steps, max_batch_size=bound,
-                             new_batch_each_step=True,
-                             progress_desc='confirming by training')
-    start = time.perf_counter()
-    try:
-        largest = finder.largest_up_to(bound, known_good=found)
-    finally:
-        batches.close()
-        if isinstance(probe, ModeledMemoryProbe):
-            probe.detach()
-    return dict(largest=largest, verify_seconds=time.perf_counter() - start,
-                verify_trials=[t.__dict__ for t in finder.trials])
 
 
 def run(args) -> Dict[str, Any]:

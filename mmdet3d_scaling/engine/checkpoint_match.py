@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any, List, Mapping, Sequence, Tuple
 
 import torch
-from mmengine.model import BaseTTAModel, is_model_wrapper
+
+from ..utils.model import unwrap_model
 
 STRICT_KEY = 'resume_strict'
 SHOWN = 5  # names listed per kind of mismatch
@@ -69,9 +70,7 @@ def _first(names: Sequence[str]) -> str:
 
 def bare_model(model: torch.nn.Module) -> torch.nn.Module:
     """The module whose state dict checkpoints hold (no DDP / TTA wrapper)."""
-    while is_model_wrapper(model) or isinstance(model, BaseTTAModel):
-        model = model.module
-    return model
+    return unwrap_model(model, tta=True)
 
 
 def checkpoint_weights(checkpoint: Mapping, revise_keys: Sequence[Tuple[str, str]]

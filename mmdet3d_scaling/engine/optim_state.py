@@ -6,8 +6,14 @@ offers no setter for a count chosen after the wrapper was built. The plugin chan
 in three situations (the accumulation hook, the auto batch size search, a new scaling
 plan at run time); all of them go through these functions, so a change of mmengine's
 internals is fixed here once.
+
+The wrapper is also the one source of the accumulation window at run time: the hooks,
+the runner and the benchmarks read it with :func:`accumulation`. A hook that asks for a
+window (``GradientCumulativeOptimizerHook(cumulative_iters=N)``) implements
+:class:`AccumulationRequest`: it puts its request into the wrapper once and reads the
+wrapper from then on, so a plan changed at run time needs no second copy updated.
 """
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Protocol, runtime_checkable
 
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 
@@ -30,6 +36,27 @@ def accumulation(optim_wrapper: Any) -> int:
     return int(getattr(optim_wrapper, '_accumulative_counts', 1))
 
 
+def micro_steps_done(wrapper: OptimWrapper) -> int:
+    """Micro-steps (``update_params`` calls) the wrapper counted in this run."""
+    return wrapper._inner_count
+
+
+@runtime_checkable
+class AccumulationRequest(Protocol):
+    """A hook that asks for an accumulation window.
+
+    ``request_accumulation(optim_wrapper)`` puts the request into the wrapper (an
+    error when the wrapper already holds another window) and makes the hook read the
+    window from the wrapper from then on. :meth:`ScalingRunner.apply_plan
+    <mmdet3d_scaling.engine.runner.ScalingRunner.apply_plan>` calls it before it sets a
+    new window, so the request is checked against the configured wrapper, not the new
+    plan; the hook's own ``before_run`` calls it otherwise.
+    """
+
+    def request_accumulation(self, optim_wrapper: Any) -> None:
+        ...
+
+
 def set_accumulation(optim_wrapper: Any, count: int) -> None:
     """Accumulate ``count`` micro-batches per optimizer step from now on."""
     for wrapper in optim_wrappers(optim_wrapper):
@@ -42,6 +69,7 @@ def count_state(wrapper: OptimWrapper) -> Dict[str, int]:
 
 
 def restore_count_state(wrapper: OptimWrapper, state: Dict[str, int]) -> None:
+    """Put back the counters :func:`count_state` copied."""
     for name, value in state.items():
         setattr(wrapper, name, value)
 

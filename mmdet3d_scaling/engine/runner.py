@@ -10,8 +10,9 @@ It is the plugin's one entry point into mmengine:
 - :meth:`train` / :meth:`val` / :meth:`test` first check the data paths of the loaders
   that command reads (:mod:`mmdet3d_scaling.config.preflight`);
 - the hooks that change the plan at run time (auto batch size, resume on another GPU
-  count) go through its methods (:meth:`rebuild_train_loop`, ...), so access to
-  mmengine's private Runner state lives in this one class.
+  count) go through its methods (:meth:`apply_plan`, ...), so access to mmengine's
+  private Runner state lives in this one class (and the loop length in
+  :mod:`.train_length`, the optim wrapper's counters in :mod:`.optim_state`).
 """
 import copy
 import logging
@@ -34,9 +35,11 @@ from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
 from ..registry import check_replaced_types
 from . import batchnorm_momentum as bn
 from . import checkpoint_match as match
-from .optim_state import reset_to_initial, scale_lr, set_accumulation
-from .run_settings import apply_run_settings
+from .optim_state import (AccumulationRequest, reset_to_initial, scale_lr,
+                          set_accumulation)
 from ..parallel.cpu_affinity import apply_cpu_affinity
+from .run_settings import apply_run_settings
+from .train_length import set_max_iters
 from .work_dir_lock import run_locked
 
 
@@ -189,10 +192,10 @@ class ScalingRunner(Runner):
         if plan.per_gpu_batch != self.train_dataloader.batch_size:
             self._rebuild_train_dataloader(plan.per_gpu_batch)
         self._update_train_loop(cfg.get('train_cfg') or {})
+        for hook in self.hooks:  # a hook's window request is checked against the
+            if isinstance(hook, AccumulationRequest):  # configured wrapper, not the plan
+                hook.request_accumulation(self.optim_wrapper)
         set_accumulation(self.optim_wrapper, plan.accumulation)
-        for hook in self.hooks:  # the accumulation hook checks it against the wrapper's
-            if type(hook).__name__ == 'GradientCumulativeOptimizerHook':
-                hook.cumulative_iters = plan.accumulation
         lr_ratio = plan.lr_scale / (old.lr_scale if old is not None else 1.0)
         if lr_ratio != 1:
             scale_lr(self.optim_wrapper, lr_ratio)
@@ -227,9 +230,9 @@ class ScalingRunner(Runner):
         """Loop length and validation schedule for the new batch / accumulation."""
         loop = self.train_loop
         if isinstance(loop, EpochBasedTrainLoop):
-            loop._max_iters = loop.max_epochs * len(loop.dataloader)
+            set_max_iters(loop, loop.max_epochs * len(loop.dataloader))
         elif isinstance(loop, IterBasedTrainLoop):
-            loop._max_iters = int(train_cfg.get('max_iters', loop.max_iters))
+            set_max_iters(loop, int(train_cfg.get('max_iters', loop.max_iters)))
         else:
             raise TypeError(f'a new scaling plan needs EpochBasedTrainLoop or '
                             f'IterBasedTrainLoop, not {type(loop).__name__}.')

@@ -1,5 +1,6 @@
-"""hooks of mmdet3d_scaling."""
+"""hooks of mmdet3d_scaling (one hook a file; tooling hooks: diagnostics/hooks)."""
 from .gpu_monitor_hook import GPUMonitorHook  # noqa: F401
+from .accumulation_checkpoint_hook import AccumulationCheckpointHook  # noqa: F401
 from .gradient_cumulative_optimizer_hook import GradientCumulativeOptimizerHook  # noqa: F401,E501
 from .optimizer_step_param_scheduler_hook import OptimizerStepParamSchedulerHook  # noqa: F401,E501
 from .scaling_plan_hook import ScalingPlanHook  # noqa: F401

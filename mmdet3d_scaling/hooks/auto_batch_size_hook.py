@@ -16,7 +16,6 @@ import torch
 from mmengine import dist
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 
 from mmdet3d.registry import HOOKS
 
@@ -27,6 +26,7 @@ from ..batch_size.search import BatchSizeFinder, SearchResult
 from ..engine.optim_state import accumulation as optim_accumulation, optim_wrappers
 from ..engine.runner import require_scaling_runner
 from ..registry import register
+from ..utils.model import unwrap_model
 
 ADJUST_MODES = ('accumulation', 'lr')
 
@@ -49,25 +49,32 @@ class AutoBatchSizeHook(Hook):
     batch becomes per-GPU batch x world size and the learning rate is scaled by the ratio
     of the new to the configured effective batch (``lr_scaling`` rule).
 
+    Needs ``runner_type='ScalingRunner'`` (it applies the plan with
+    :meth:`~mmdet3d_scaling.engine.runner.ScalingRunner.apply_plan`). Priority
+    ``HIGHEST``: its ``before_run`` runs before any hook reads the batch size or the
+    loop length.
+
     Args:
-        margin: share of device memory kept free, in [0, 1). Defaults to 0.1.
-        steps_per_trial: training steps per trial. Defaults to 2.
-        init_batch_size: first per-GPU batch tried. Defaults to 1.
-        max_batch_size: largest per-GPU batch tried. Defaults to None: the configured
-            effective batch / world size with ``adjust='accumulation'`` (a larger batch
-            could not be used), else 256.
-        adjust: 'accumulation' (keep the effective batch) or 'lr' (scale the LR).
+        margin (float): share of device memory kept free, in [0, 1). Defaults to 0.1.
+        steps_per_trial (int): training steps per trial. Defaults to 2.
+        init_batch_size (int): first per-GPU batch tried (samples). Defaults to 1.
+        max_batch_size (int, optional): largest per-GPU batch tried (samples). Defaults
+            to None: the configured effective batch / world size with
+            ``adjust='accumulation'`` (a larger batch could not be used), else 256.
+        adjust (str): 'accumulation' (keep the effective batch) or 'lr' (scale the LR).
             Defaults to 'accumulation'.
-        lr_scaling: with ``adjust='lr'``: 'linear' or 'sqrt'. Defaults to 'linear'.
-        num_candidates: distinct large samples used to build trial batches. Defaults to 16.
-        scan_limit: data infos scanned to find them. Defaults to 1000.
-        cache_file: JSON file for results, relative to the work dir. Defaults to
+        lr_scaling (str): with ``adjust='lr'``: 'linear' or 'sqrt'. Defaults to
+            'linear'.
+        num_candidates (int): distinct large samples used to build trial batches.
+            Defaults to 16.
+        scan_limit (int): data infos scanned to find them. Defaults to 1000.
+        cache_file (str): JSON file for results, relative to the work dir. Defaults to
             'auto_batch_size.json'.
-        use_cache: reuse a cached result for the same setting. Defaults to True.
-        probe: memory probe: None (the CUDA device; without one the hook warns and keeps
-            the configured batch), a probe object, or
-            ``dict(type='ModeledMemoryProbe', capacity_bytes=..., ...)`` for a modelled
-            device (CPU dry runs and tests).
+        use_cache (bool): reuse a cached result for the same setting. Defaults to True.
+        probe (dict | MemoryProbe, optional): memory probe: None (the CUDA device;
+            without one the hook warns and keeps the configured batch), a probe object,
+            or ``dict(type='ModeledMemoryProbe', capacity_bytes=..., ...)`` for a
+            modelled device (CPU dry runs and tests). Defaults to None.
     """
 
     priority = 'HIGHEST'  # before any hook reads the batch size or the loop length
@@ -106,12 +113,14 @@ class AutoBatchSizeHook(Hook):
 
     # ------------------------------------------------------------------ entry point
     def before_run(self, runner) -> None:
+        """Search the batch (or take it from the cache) and apply the new plan to the
+        runner, once, before training; nothing for ``runner.val()`` / ``test()``."""
         # before_run also fires for runner.val()/test(); act once, when training.
         if self._done or not require_scaling_runner(
                 runner, 'AutoBatchSizeHook').train_loop_built:
             return
         self._done = True
-        model = runner.model.module if is_model_wrapper(runner.model) else runner.model
+        model = unwrap_model(runner.model)
         probe = self._build_probe(model, runner.optim_wrapper)
         if probe is None:
             return

@@ -36,10 +36,15 @@ class GarbageCollectionHook(Hook):
     Objects frozen at start-up that later become cyclic garbage are only freed after
     training (``gc.unfreeze()``); start-up state normally lives for the whole run.
 
+    Priority ``LOWEST``: its ``before_train`` runs after every other hook's set-up
+    (the auto batch size search allocates).
+
     Args:
-        freeze: freeze the start-up heap before the first iteration. Defaults to True.
-        collect_interval: training iterations (micro-batches) between two manual full
-            collections, > 0; None keeps Python's automatic collection. Defaults to None.
+        freeze (bool): freeze the start-up heap before the first iteration. Defaults to
+            True.
+        collect_interval (int, optional): training iterations (micro-batches) between
+            two manual full collections, > 0; None keeps Python's automatic collection.
+            Defaults to None.
     """
 
     priority = 'LOWEST'  # before_train after every other hook's set-up (auto batch size)
@@ -60,6 +65,8 @@ class GarbageCollectionHook(Hook):
         self.frozen_objects = 0
 
     def before_train(self, runner) -> None:
+        """Freeze the start-up heap (``freeze``); switch automatic collection off
+        (``collect_interval``)."""
         self._training = True
         self._was_enabled = gc.isenabled()
         if self.freeze:
@@ -78,24 +85,31 @@ class GarbageCollectionHook(Hook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
+        """Run a full collection every ``collect_interval`` iterations (same iteration
+        on every rank)."""
         if self.collect_interval is not None and \
                 (runner.iter + 1) % self.collect_interval == 0:
             gc.collect()
             self.collections += 1
 
     def before_val_epoch(self, runner) -> None:
+        """Automatic collection on for validation inside training (manual mode)."""
         self._automatic(True)
 
     def after_val_epoch(self, runner, metrics=None) -> None:
+        """Collect once and switch automatic collection off again (manual mode)."""
         self._automatic(False)
 
     def before_test_epoch(self, runner) -> None:
+        """Automatic collection on for testing inside training (manual mode)."""
         self._automatic(True)
 
     def after_test_epoch(self, runner, metrics=None) -> None:
+        """Collect once and switch automatic collection off again (manual mode)."""
         self._automatic(False)
 
     def after_train(self, runner) -> None:
+        """Unfreeze the start-up heap and restore the collector's previous state."""
         self._training = False
         if self._froze:
             gc.unfreeze()

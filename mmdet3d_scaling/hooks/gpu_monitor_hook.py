@@ -2,195 +2,56 @@
 
 Everything is written to ``runner.message_hub`` under ``train/gpu_*`` (and ``train/amp/*``
 for the loss scaler of mixed precision) so that the LoggerHook puts it into the text
-log, the JSON scalars and TensorBoard. The per-iteration work is a few
-``time.perf_counter()`` calls, a ``len()`` and integer counters; CUDA counters, the loss
-scale, NVML and the cross-rank gather are touched only at report time (once per interval).
+log, the JSON scalars and TensorBoard. The hook decides *when* (hook points, report
+iterations, LoggerHook resets of the peak counter) and writes the figures; *what* is
+measured lives in :mod:`mmdet3d_scaling.monitoring`, one collaborator a job: the step
+timer (samples/s, data wait), CUDA memory, the NVML sampler, the AMP skip counter and
+the cross-rank summary. The per-iteration work is a few ``time.perf_counter()`` calls,
+a ``len()`` and integer counters; CUDA counters, the loss scale, NVML and the
+cross-rank gather are touched only at report time (once per interval).
 """
 import logging
-import math
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Union
 
 import torch
-import torch.distributed as torch_dist
-from mmengine.dist import get_comm_device, get_world_size, is_distributed
+from mmengine.dist import get_world_size, is_distributed
 from mmengine.hooks import Hook, LoggerHook
 from mmengine.logging import print_log
-from mmengine.optim import OptimWrapper, OptimWrapperDict
 
 from mmdet3d.registry import HOOKS
 
+from ..monitoring.amp_skips import AmpSkips, loss_scaler_of
+from ..monitoring.cuda_memory import CudaMemory
+from ..monitoring.nvml_sampler import NvmlSampler, open_nvml
+from ..monitoring.rank_summary import across_ranks
+from ..monitoring.step_timer import StepTimer, batch_size_of
 from ..registry import register
 from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
+__all__ = ['GPUMonitorHook', 'batch_size_of']
+
 DATA_BATCH = Optional[Union[dict, tuple, list]]
-MB = 1024 * 1024
 PREFIX = 'train/gpu_'
 AMP_PREFIX = 'train/amp/'
-# Keys compared across ranks (min / max), in the order of the gathered vector.
-ACROSS_RANK_KEYS = ('samples_per_s', 'data_wait_share', 'mem_peak_mb', 'util_pct')
-
-
-def batch_size_of(data_batch: Any) -> Optional[int]:
-    """Number of samples in a collated batch, from host-side metadata only (no sync).
-
-    mmdet3d batches are ``dict(inputs=..., data_samples=[...])``; a tensor gives its
-    first dimension, a list its length, a dict its first value that has a size.
-    """
-    if isinstance(data_batch, dict):
-        samples = data_batch.get('data_samples')
-        if isinstance(samples, (list, tuple)):
-            return len(samples)
-        if 'inputs' in data_batch:
-            return batch_size_of(data_batch['inputs'])
-        for value in data_batch.values():
-            size = batch_size_of(value)
-            if size is not None:
-                return size
-        return None
-    if isinstance(data_batch, torch.Tensor):
-        return int(data_batch.shape[0]) if data_batch.dim() > 0 else None
-    if isinstance(data_batch, (list, tuple)):
-        return len(data_batch)
-    return None
-
-
-class _NvmlDevice:
-    """NVML queries for one CUDA device; a field that the device refuses is dropped."""
-
-    def __init__(self, pynvml: Any, device_index: int) -> None:
-        self._nvml = pynvml
-        pynvml.nvmlInit()
-        self.handle = self._handle_for(device_index)
-        self._last_sample_us = 0
-        self.dropped: List[str] = []
-        try:  # skip the samples from before training (start-up, other jobs)
-            self._utilisation()
-        except pynvml.NVMLError:
-            pass
-
-    def _handle_for(self, device_index: int) -> Any:
-        # torch's index counts only CUDA_VISIBLE_DEVICES; NVML counts every GPU. The
-        # UUID names the same card in both.
-        uuid = getattr(torch.cuda.get_device_properties(device_index), 'uuid', None)
-        if uuid is not None:
-            try:
-                return self._nvml.nvmlDeviceGetHandleByUUID(f'GPU-{uuid}')
-            except self._nvml.NVMLError:
-                pass
-        return self._nvml.nvmlDeviceGetHandleByIndex(device_index)
-
-    def _utilisation(self) -> float:
-        """Mean GPU utilisation (%) of the driver's samples since the last call.
-
-        Falls back to the instantaneous figure when the driver has no new samples.
-        """
-        nvml = self._nvml
-        try:
-            value_type, samples = nvml.nvmlDeviceGetSamples(
-                self.handle, nvml.NVML_GPU_UTILIZATION_SAMPLES, self._last_sample_us)
-        except nvml.NVMLError:
-            samples = []
-        samples = [s for s in samples if s.timeStamp > self._last_sample_us]
-        if not samples:
-            return float(nvml.nvmlDeviceGetUtilizationRates(self.handle).gpu)
-        field = {0: 'dVal', 1: 'uiVal', 2: 'ulVal', 3: 'ullVal', 4: 'sllVal'}.get(
-            value_type, 'uiVal')
-        self._last_sample_us = max(s.timeStamp for s in samples)
-        return sum(float(getattr(s.sampleValue, field)) for s in samples) / len(samples)
-
-    def read(self) -> Dict[str, float]:
-        nvml = self._nvml
-        queries = {
-            'util_pct': self._utilisation,
-            'nvml_mem_used_mb': lambda: nvml.nvmlDeviceGetMemoryInfo(self.handle).used / MB,
-            'power_w': lambda: nvml.nvmlDeviceGetPowerUsage(self.handle) / 1000.0,
-            'temp_c': lambda: float(
-                nvml.nvmlDeviceGetTemperature(self.handle, nvml.NVML_TEMPERATURE_GPU)),
-        }
-        values = {}
-        for key, query in queries.items():
-            if key in self.dropped:
-                continue
-            try:
-                values[key] = float(query())
-            except nvml.NVMLError as err:
-                self.dropped.append(key)
-                print_log(f'GPUMonitorHook: NVML cannot report {key} on this device '
-                          f'({err}); it is left out from now on.', logger='current')
-        return values
-
-    def close(self) -> None:
-        self._nvml.nvmlShutdown()
-
-
-class _SkippedSteps:
-    """Optimizer steps that a GradScaler skipped (inf/nan gradients), without a sync.
-
-    GradScaler decides on the host whether to call ``optimizer.step()`` (its own
-    ``found_inf`` sync), so a step post-hook on the optimizer sees exactly the steps
-    taken; the wrapper's ``should_update()`` after each iteration says which iterations
-    asked for one. Skipped = asked - taken; works for dynamic and static loss scales.
-    Only :meth:`figures` reads the GPU (the scale, once per report).
-    """
-
-    def __init__(self, wrapper: OptimWrapper) -> None:
-        self.scaler = wrapper.loss_scaler
-        self.asked = 0
-        self.taken = 0
-        self._reported = 0
-        self._asked_reported = 0
-        self._handle = wrapper.optimizer.register_step_post_hook(self._on_step)
-
-    @staticmethod
-    def scaler_of(wrapper: Any) -> Tuple[Optional[Any], str]:
-        """(the wrapper's enabled GradScaler, or None with the reason)."""
-        if isinstance(wrapper, OptimWrapperDict) or not isinstance(wrapper, OptimWrapper):
-            return None, f'optim_wrapper is a {type(wrapper).__name__}, not one ' \
-                         'AmpOptimWrapper'
-        scaler = getattr(wrapper, 'loss_scaler', None)
-        if scaler is None:
-            return None, 'no AmpOptimWrapper (no loss scaling)'
-        if not isinstance(scaler, torch.amp.GradScaler) or not scaler.is_enabled():
-            return None, ('the AmpOptimWrapper\'s loss scaling is off (bf16, or a CPU '
-                          'run), so no step is ever skipped')
-        return scaler, ''
-
-    def _on_step(self, optimizer, args, kwargs) -> None:
-        self.taken += 1
-
-    def after_iter(self, runner) -> None:
-        if optimizer_stepped(runner):
-            self.asked += 1
-
-    @property
-    def skipped(self) -> int:
-        return self.asked - self.taken
-
-    def figures(self) -> Tuple[Dict[str, float], int]:
-        """(scalars for this report, optimizer steps asked for since the last one)."""
-        in_interval = self.skipped - self._reported
-        asked = self.asked - self._asked_reported
-        self._reported, self._asked_reported = self.skipped, self.asked
-        return {'skipped_steps': float(self.skipped),
-                'skipped_steps_interval': float(in_interval),
-                'grad_scale': float(self.scaler.get_scale())}, asked
-
-    def close(self) -> None:
-        self._handle.remove()
 
 
 class _IterEndStamp(Hook):
-    """Marks the end of an iteration's hooks for :class:`GPUMonitorHook` (not in HOOKS)."""
+    """Marks the end of an iteration's hooks for :class:`GPUMonitorHook` (not in HOOKS).
+
+    Args:
+        timer: the monitor's step timer, told when every other after_train_iter ran.
+    """
 
     priority = 'LOWEST'
 
-    def __init__(self, monitor: 'GPUMonitorHook') -> None:
-        self.monitor = monitor
+    def __init__(self, timer: StepTimer) -> None:
+        self.timer = timer
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None,
                          outputs: Optional[dict] = None) -> None:
-        self.monitor._stamp_iter_end()
+        """The iteration's hooks are done: the data wait starts now."""
+        self.timer.iter_ended()
 
 
 @register(HOOKS)
@@ -273,58 +134,60 @@ class GPUMonitorHook(Hook):
         self.across_ranks = across_ranks
         self.nvml = nvml
         self.amp = amp
-        self._skipped: Optional[_SkippedSteps] = None
-        self._device: Optional[torch.device] = None
-        self._nvml_device: Optional[_NvmlDevice] = None
+        self._timer = StepTimer()
+        self._memory: Optional[CudaMemory] = None
+        self._nvml_sampler: Optional[NvmlSampler] = None
+        self._skips: Optional[AmpSkips] = None
         self._loggers: List[LoggerHook] = []
         self._reports = 0
         self._last_warning: Optional[int] = None
         self._batch_size_warned = False
-        self._t_last: Optional[float] = None
-        self._val_start: Optional[float] = None
-        self._stamp: Optional['_IterEndStamp'] = None
-        self._reset_window()
+        self._stamp: Optional[_IterEndStamp] = None
 
     # -- set-up ---------------------------------------------------------------------
 
     def before_train(self, runner) -> None:
+        """Find the device, open NVML and the AMP counter, add the end-of-iteration
+        stamp hook and start the first window."""
         if self._stamp is None:
             # Inserted behind every other hook (LOWEST) so that the data wait measured
             # in before_train_iter excludes logging and checkpointing.
-            self._stamp = _IterEndStamp(self)
+            self._stamp = _IterEndStamp(self._timer)
             runner.register_hook(self._stamp, priority='LOWEST')
         self._loggers = [h for h in runner.hooks if isinstance(h, LoggerHook)]
         if self.interval is None and self._loggers:
             self._interval = self._loggers[0].interval
-        self._device = self._cuda_device(runner)
-        if self._device is None:
+        device = self._cuda_device(runner)
+        self._memory = CudaMemory(device) if device is not None else None
+        if device is None:
             print_log('GPUMonitorHook: no CUDA device in use, so no GPU memory or NVML '
                       'figures; data-wait share and samples/s are still reported.',
                       logger='current')
         elif self.nvml:
-            self._nvml_device = self._open_nvml(self._device)
+            self._nvml_sampler = open_nvml(device)
         if self.amp:
             self._attach_amp(runner.optim_wrapper)
-        self._reset_window()
+        self._restart_window()
 
     def _attach_amp(self, wrapper: Any) -> None:
-        if self._skipped is not None:
-            self._skipped.close()
-            self._skipped = None
-        scaler, why_not = _SkippedSteps.scaler_of(wrapper)
+        if self._skips is not None:
+            self._skips.close()
+            self._skips = None
+        scaler, why_not = loss_scaler_of(wrapper)
         if scaler is None:
             print_log(f'GPUMonitorHook: {why_not}: no amp/ figures.', logger='current')
             return
-        self._skipped = _SkippedSteps(wrapper)
+        self._skips = AmpSkips(wrapper)
         print_log('GPUMonitorHook: loss scaling is on: reporting amp/skipped_steps '
                   '(loss-scale overflows) and amp/grad_scale.', logger='current')
 
     def after_train(self, runner) -> None:
-        if self._nvml_device is not None:
-            self._nvml_device.close()
-            self._nvml_device = None
-        if self._skipped is not None:
-            self._skipped.close()
+        """Close NVML and remove the AMP counter's optimizer hook."""
+        if self._nvml_sampler is not None:
+            self._nvml_sampler.close()
+            self._nvml_sampler = None
+        if self._skips is not None:
+            self._skips.close()
 
     @staticmethod
     def _cuda_device(runner) -> Optional[torch.device]:
@@ -336,95 +199,64 @@ class GPUMonitorHook(Hook):
         return param.device if param is not None else torch.device(
             'cuda', torch.cuda.current_device())
 
-    @staticmethod
-    def _open_nvml(device: torch.device) -> Optional[_NvmlDevice]:
-        try:
-            import pynvml
-        except ImportError:
-            print_log('GPUMonitorHook: nvml=True but nvidia-ml-py is not installed '
-                      '(`pip install nvidia-ml-py`); utilisation, power and temperature '
-                      'are left out. Set nvml=False to silence this.', logger='current',
-                      level=logging.WARNING)
-            return None
-        try:
-            return _NvmlDevice(pynvml, device.index)
-        except pynvml.NVMLError as err:
-            print_log(f'GPUMonitorHook: NVML is not usable here ({err}); utilisation, '
-                      'power and temperature are left out.', logger='current',
-                      level=logging.WARNING)
-            return None
+    def _restart_window(self, start: Optional[float] = None) -> None:
+        self._timer.restart(start)
+        if self._memory is not None:
+            self._memory.restart()
 
     # -- per iteration: timestamps and a len() only -----------------------------------
 
-    def _reset_window(self, start: Optional[float] = None) -> None:
-        self._window_start = time.perf_counter() if start is None else start
-        self._excluded_s = 0.0
-        self._iters = 0
-        self._samples = 0
-        self._sized_iters = 0
-        self._wait_s = 0.0
-        self._peak_bytes = 0
-
-    def _stamp_iter_end(self) -> None:
-        """Called by :class:`_IterEndStamp` after every other after_train_iter hook."""
-        self._t_last = time.perf_counter()
-
     def before_train_epoch(self, runner) -> None:
-        self._t_last = time.perf_counter()
-        if self._iters == 0:
-            # Time between epochs (checkpoints, validation) belongs to no window.
-            self._reset_window(self._t_last)
+        """Start the data-wait clock; a window with no iteration yet starts here (time
+        between epochs, checkpoints and validation belongs to no window)."""
+        now = self._timer.iter_ended()
+        if self._timer.iters == 0:
+            self._restart_window(now)
 
-    def before_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None) -> None:
+    def before_train_iter(self, runner, batch_idx: int,
+                          data_batch: DATA_BATCH = None) -> None:
+        """Count the time since the previous iteration's last hook as data wait."""
         # From the end of the previous iteration's last hook to here, the train loop
         # does nothing but ``next(dataloader)``: that is the data wait.
-        now = time.perf_counter()
-        self._wait_s += now - (self._t_last if self._t_last is not None else now)
+        self._timer.iter_started()
 
     def after_train_iter(self,
                          runner,
                          batch_idx: int,
                          data_batch: DATA_BATCH = None,
                          outputs: Optional[dict] = None) -> None:
+        """Count the batch and the AMP step; keep the CUDA peak before a LoggerHook
+        resets it; report at the interval's last iteration."""
         # No CUDA sync is added for the host clock to cover GPU work: RuntimeInfoHook
         # already turns the loss tensors into floats (``.item()``) every iteration.
-        self._iters += 1
         self._count_samples(data_batch)
-        if self._skipped is not None:
-            self._skipped.after_iter(runner)
-        if self._device is not None and self._logger_resets_peak(runner, batch_idx):
-            self._fold_peak()
+        if self._skips is not None:
+            self._skips.after_iter(optimizer_stepped(runner))
+        if self._memory is not None and self._logger_resets_peak(runner, batch_idx):
+            self._memory.fold_peak()
         if self._is_report_iter(runner, batch_idx):
             self._report(runner)
 
     def before_val_epoch(self, runner) -> None:
-        self._val_start = time.perf_counter()
-        # Validation LoggerHook calls reset the peak counter too: keep training's peak.
-        if self._device is not None:
-            self._fold_peak()
+        """Stop the clock for validation and keep training's CUDA peak (validation's
+        LoggerHook resets the counter too)."""
+        self._timer.pause()
+        if self._memory is not None:
+            self._memory.fold_peak()
 
     def after_val_epoch(self, runner, metrics: Optional[Dict[str, float]] = None) -> None:
-        # Validation inside a training epoch (IterBasedTrainLoop) is neither data wait
-        # nor training time.
-        now = time.perf_counter()
-        if self._val_start is not None:
-            self._excluded_s += now - self._val_start
-        self._val_start = None
-        self._t_last = now
+        """Restart the clock: validation inside training (IterBasedTrainLoop) is neither
+        data wait nor training time."""
+        self._timer.resume()
 
     def _count_samples(self, data_batch: DATA_BATCH) -> None:
         size = batch_size_of(data_batch)
-        if size is None:
-            if not self._batch_size_warned:
-                self._batch_size_warned = True
-                print_log(f'GPUMonitorHook: cannot tell the batch size of a '
-                          f'{type(data_batch).__name__} batch; samples/s is not reported.',
-                          logger='current', level=logging.WARNING)
-            return
-        self._samples += size
-        self._sized_iters += 1
-
-    # -- peak memory ------------------------------------------------------------------
+        self._timer.count(size)
+        if size is None and not self._batch_size_warned:
+            self._batch_size_warned = True
+            print_log(f'GPUMonitorHook: cannot tell the batch size of a '
+                      f'{type(data_batch).__name__} batch; samples/s is not reported.',
+                      logger='current', level=logging.WARNING)
 
     def _logger_resets_peak(self, runner, batch_idx: int) -> bool:
         """True when a LoggerHook logs in this iteration, right after this hook.
@@ -442,62 +274,40 @@ class GPUMonitorHook(Hook):
                 return True
         return False
 
-    def _fold_peak(self) -> None:
-        self._peak_bytes = max(self._peak_bytes,
-                               torch.cuda.max_memory_allocated(self._device))
-
-    def _memory_figures(self) -> Dict[str, float]:
-        self._fold_peak()
-        if not self._loggers:
-            # Nobody else resets the counter: do it so the next peak is this interval's.
-            torch.cuda.reset_peak_memory_stats(self._device)
-        return {
-            'mem_alloc_mb': torch.cuda.memory_allocated(self._device) / MB,
-            'mem_reserved_mb': torch.cuda.memory_reserved(self._device) / MB,
-            'mem_peak_mb': self._peak_bytes / MB,
-        }
-
     # -- report -----------------------------------------------------------------------
 
     def _is_report_iter(self, runner, batch_idx: int) -> bool:
         return (self.every_n_inner_iters(batch_idx, self._interval)
                 or self.end_of_epoch(runner.train_dataloader, batch_idx))
 
-    def _window_figures(self, now: float) -> Dict[str, float]:
-        total_s = now - self._window_start - self._excluded_s
-        values: Dict[str, float] = {}
-        if total_s > 0:
-            values['data_wait_share'] = min(self._wait_s / total_s, 1.0)
-            if self._sized_iters == self._iters:
-                values['samples_per_s'] = self._samples / total_s
-        return values
-
     def _report(self, runner) -> None:
         # The next window starts now, so this report's own cost is counted in it.
         now = time.perf_counter()
-        values = self._window_figures(now)
-        if self._device is not None:
-            values.update(self._memory_figures())
-            if self._nvml_device is not None:
-                values.update(self._nvml_device.read())
+        values = self._timer.figures(now)
+        if self._memory is not None:
+            # Nobody else resets the counter without a LoggerHook: do it so the next
+            # peak is this interval's.
+            values.update(self._memory.figures(reset_counter=not self._loggers))
+            if self._nvml_sampler is not None:
+                values.update(self._nvml_sampler.read())
         world_size = get_world_size()
         if 'samples_per_s' in values:
             values['samples_per_s_global'] = values['samples_per_s'] * world_size
         worst_wait = values.get('data_wait_share')
         if self.across_ranks and is_distributed() and world_size > 1:
-            spread = self._across_ranks(values)
+            spread = across_ranks(values)
             values.update(spread)
             worst_wait = spread.get('data_wait_share_max', worst_wait)
         for key, value in values.items():
             runner.message_hub.update_scalar(PREFIX + key, value)
-        if self._skipped is not None:
+        if self._skips is not None:
             self._report_amp(runner)
         self._warn_if_starved(values, worst_wait, runner.iter + 1)
         self._reports += 1
-        self._reset_window(now)
+        self._restart_window(now)
 
     def _report_amp(self, runner) -> None:
-        figures, asked = self._skipped.figures()
+        figures, asked = self._skips.figures()
         for key, value in figures.items():
             runner.message_hub.update_scalar(AMP_PREFIX + key, value)
         if asked and figures['skipped_steps_interval'] == asked:
@@ -509,28 +319,6 @@ class GPUMonitorHook(Hook):
                 "(amp = dict(dtype='bfloat16' or 'auto')) or a smaller initial scale "
                 "(amp.loss_scale=dict(init_scale=...)); see docs/monitoring.md.",
                 logger='current', level=logging.WARNING)
-
-    def _across_ranks(self, values: Dict[str, float]) -> Dict[str, float]:
-        """Min / max over ranks with one all_gather of a few floats (NaN = not known)."""
-        local = torch.tensor([values.get(k, math.nan) for k in ACROSS_RANK_KEYS],
-                             dtype=torch.float64)
-        local = local.to(get_comm_device())
-        gathered = [torch.empty_like(local) for _ in range(get_world_size())]
-        torch_dist.all_gather(gathered, local)
-        table = torch.stack(gathered).cpu()  # ranks x keys
-        spread: Dict[str, float] = {}
-        for col, key in enumerate(ACROSS_RANK_KEYS):
-            column = table[:, col]
-            known = ~torch.isnan(column)
-            if not bool(known.all()):
-                continue
-            spread[f'{key}_min'] = float(column.min())
-            spread[f'{key}_max'] = float(column.max())
-            if key == 'samples_per_s':
-                spread['samples_per_s_global'] = float(column.sum())
-            if key == 'data_wait_share':
-                spread['data_wait_share_max_rank'] = float(int(column.argmax()))
-        return spread
 
     def _warn_if_starved(self, values: Dict[str, float], share: Optional[float],
                          iteration: int) -> None:
@@ -547,8 +335,9 @@ class GPUMonitorHook(Hook):
             where = f' (worst: rank {int(values["data_wait_share_max_rank"])})'
         print_log(
             f'GPUMonitorHook: the data loader starves training: {share:.0%} of iteration '
-            f'time was spent waiting for data over the {self._iters} iterations up to '
-            f'iteration {iteration}{where}, above starvation_threshold={self.starvation_threshold}. Raise '
+            f'time was spent waiting for data over the {self._timer.iters} iterations '
+            f'up to iteration {iteration}{where}, above starvation_threshold='
+            f'{self.starvation_threshold}. Raise '
             f'train_dataloader.num_workers, set persistent_workers=True / pin_memory=True, '
             f'or move the data to faster storage. (Repeated at most every '
             f'{self.starvation_warn_every} reports.)',

@@ -6,19 +6,22 @@ last window (``initialize_count_status``). This hook keeps all of that and fixes
 it leaves to the user: parameter schedulers advance per optimizer step instead of per
 micro-step (mmengine issue #1308), windows are aligned to epochs in epoch-based loops,
 BatchNorm is named in a warning, and a checkpoint saved in the middle of a window
-carries the accumulated gradients so that a resume continues the window exactly.
+carries the accumulated gradients so that a resume continues the window exactly
+(:class:`~.accumulation_checkpoint_hook.AccumulationCheckpointHook`, which it extends).
+
+The window has one source at run time: the optim wrapper (``accumulative_counts``). The
+hook's ``cumulative_iters`` is a request that ``before_run`` puts into the wrapper; from
+then on the hook reads the wrapper (:mod:`mmdet3d_scaling.engine.optim_state`).
 """
 import copy
 import logging
 import math
 from functools import wraps
-from typing import Callable, Dict, List, Optional, Union
+from typing import Any, Callable, List, Optional
 
 import torch
-from mmengine.dist import all_reduce, is_distributed
-from mmengine.hooks import CheckpointHook, Hook, ParamSchedulerHook
+from mmengine.hooks import ParamSchedulerHook
 from mmengine.logging import print_log
-from mmengine.model import is_model_wrapper
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.registry import PARAM_SCHEDULERS
 from mmengine.runner import IterBasedTrainLoop
@@ -26,20 +29,16 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet3d.registry import HOOKS
 
-from ..engine.optim_state import (accumulation, count_state, micro_steps_in_window,
-                                  reset_to_initial, set_accumulation, set_count_status)
+from ..engine.optim_state import (accumulation, reset_to_initial, set_accumulation,
+                                  set_count_status)
 from ..registry import register
+from ..utils.model import unwrap_model
+from .accumulation_checkpoint_hook import CHECKPOINT_KEY  # noqa: F401  (kept importable)
+from .accumulation_checkpoint_hook import AccumulationCheckpointHook
 from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
-DATA_BATCH = Optional[Union[dict, tuple, list]]
-CHECKPOINT_KEY = 'gradient_accumulation'
 _GATED = '_mmdet3d_scaling_accumulation_gate'
 _MAX_LISTED_LAYERS = 8
-
-
-def unwrap_model(model: torch.nn.Module) -> torch.nn.Module:
-    """The module inside a DDP/MMDistributedDataParallel wrapper (or ``model``)."""
-    return model.module if is_model_wrapper(model) else model
 
 
 def batch_norm_layers(model: torch.nn.Module) -> List[str]:
@@ -74,152 +73,6 @@ def _after_optimizer_step(runner, after_train_iter: Callable) -> Callable:
         return None
 
     return gated
-
-
-@register(HOOKS)
-class AccumulationCheckpointHook(Hook):
-    """A checkpoint saved inside an accumulation window carries the window's gradients.
-
-    mmengine's ``OptimWrapper`` accumulates ``accumulative_counts`` micro-steps per
-    optimizer step but a checkpoint holds no gradients, so a checkpoint taken inside a
-    window loses the micro-steps already accumulated. With this hook such a checkpoint
-    also holds the accumulated gradients (averaged over ranks in distributed runs) and
-    the position in the window; resuming an iteration-based run with the same
-    accumulation restores them and finishes the window as if never interrupted.
-    Anything else (another accumulation, an epoch-based loop, which restarts an
-    interrupted epoch) drops them with a warning that says why.
-
-    The ``scaling`` config recipe adds it; :class:`GradientCumulativeOptimizerHook`
-    includes it. The window length is read from the optim wrapper at run time, so a
-    plan changed at run time (auto batch size) is followed.
-
-    No arguments. Priority ``NORMAL``: its ``after_train_iter`` must run before
-    ``CheckpointHook`` (``VERY_LOW``).
-    """
-
-    priority = 'NORMAL'
-
-    def __init__(self) -> None:
-        self._to_restore: Optional[dict] = None
-        self._rank_mean_grads: Optional[dict] = None
-        self._rank_mean_iter = -1
-
-    @staticmethod
-    def _window(runner) -> int:
-        """Micro-steps per optimizer step (1: no accumulation or not a plain wrapper)."""
-        wrapper = runner.optim_wrapper
-        return accumulation(wrapper) if isinstance(wrapper, OptimWrapper) else 1
-
-    def after_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None,
-                         outputs: Optional[dict] = None) -> None:
-        # Only rank 0 writes checkpoints; average the partial gradients of all ranks
-        # now, while every rank runs this hook, if a checkpoint follows this iteration.
-        if (self._window(runner) > 1 and is_distributed()
-                and micro_steps_in_window(runner.optim_wrapper)
-                and self._checkpoint_due(runner)):
-            self._rank_mean_grads = self._collect_grads(runner, across_ranks=True)
-            self._rank_mean_iter = runner.iter
-
-    @staticmethod
-    def _checkpoint_due(runner) -> bool:
-        """Whether a CheckpointHook saves by iteration after this iteration."""
-        for hook in runner.hooks:
-            if isinstance(hook, CheckpointHook) and not hook.by_epoch and (
-                    hook.every_n_train_iters(runner, hook.interval, hook.save_begin)
-                    or (hook.save_last and hook.is_last_train_iter(runner))):
-                return True
-        return False
-
-    @staticmethod
-    def _collect_grads(runner, across_ranks: bool) -> Dict[str, torch.Tensor]:
-        params = list(unwrap_model(runner.model).named_parameters())
-        if not across_ranks:
-            return {n: p.grad.detach().clone() for n, p in params if p.grad is not None}
-        # A parameter without a gradient on one rank may have one on another; keep the
-        # ones with a gradient somewhere (a zero gradient is not "no gradient").
-        has_grad = torch.tensor([p.grad is not None for _, p in params],
-                                dtype=torch.float32, device=params[0][1].device)
-        all_reduce(has_grad, op='sum')
-        grads = {}
-        for (name, param), anywhere in zip(params, has_grad.tolist()):
-            if not anywhere:
-                continue
-            grad = param.grad.detach().clone() if param.grad is not None \
-                else torch.zeros_like(param)
-            all_reduce(grad, op='mean')
-            grads[name] = grad
-        return grads
-
-    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
-        window = self._window(runner)
-        if window == 1:
-            return
-        micro_steps = micro_steps_in_window(runner.optim_wrapper)
-        if not micro_steps:
-            return
-        if not is_distributed():
-            grads = self._collect_grads(runner, across_ranks=False)
-        elif self._rank_mean_iter == runner.iter:
-            grads = self._rank_mean_grads
-        else:
-            print_log(
-                f'{type(self).__name__}: checkpoint at iteration {runner.iter + 1} is '
-                f'inside an accumulation window ({micro_steps}/{window} micro-steps) '
-                'and was not announced by a CheckpointHook interval, so the other '
-                'ranks\' gradients are not in it; resuming from it restarts the window.',
-                logger='current', level=logging.WARNING)
-            return
-        checkpoint[CHECKPOINT_KEY] = dict(
-            cumulative_iters=window, micro_steps=micro_steps,
-            iter=checkpoint.get('meta', {}).get('iter', runner.iter + 1), grads=grads)
-
-    def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        # Restored in before_train: runner.train() resets the window counters after
-        # loading, and a plain `load_from` (fine-tuning) must not get the gradients.
-        self._to_restore = checkpoint.get(CHECKPOINT_KEY)
-
-    def before_train(self, runner) -> None:
-        self._restore_pending(runner)
-
-    def _restore_pending(self, runner) -> bool:
-        """Restore the gradients a resumed checkpoint holds; whether there were any."""
-        pending, self._to_restore = self._to_restore, None
-        if not pending:
-            return False
-        self._restore(runner, pending)
-        return True
-
-    def _restore(self, runner, state: dict) -> None:
-        micro_steps, saved_n = state['micro_steps'], state['cumulative_iters']
-        if state.get('iter') != runner.iter:
-            return  # loaded as weights (load_from) or converted to another plan
-        wrapper = runner.optim_wrapper
-        window = self._window(runner)
-        reason = None
-        if not isinstance(runner.train_loop, IterBasedTrainLoop):
-            reason = ('epoch-based loops restart an interrupted epoch from its first '
-                      'batch')
-        elif saved_n != window:
-            reason = (f'the checkpoint accumulated over {saved_n} micro-steps, this run '
-                      f'over {window}')
-        elif count_state(wrapper)['_inner_count'] % window != micro_steps:
-            reason = (f'iteration {runner.iter} is not {micro_steps} micro-steps into '
-                      'a window')
-        if reason:
-            print_log(
-                f'{type(self).__name__}: the checkpoint holds {micro_steps} accumulated '
-                f'micro-steps that are dropped: {reason}.',
-                logger='current', level=logging.WARNING)
-            return
-        params = dict(unwrap_model(runner.model).named_parameters())
-        for name, grad in state['grads'].items():
-            param = params[name]
-            param.grad = grad.to(device=param.device, dtype=param.dtype).clone()
-        print_log(
-            f'{type(self).__name__}: restored the gradients of {micro_steps} '
-            f'micro-step(s) of an unfinished window from the checkpoint; the window '
-            f'closes after {window - micro_steps} more (mmengine\'s warning about lost '
-            'gradients does not apply).', logger='current')
 
 
 @register(HOOKS)
@@ -280,22 +133,31 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
             raise TypeError(
                 f'GradientCumulativeOptimizerHook: grad_clip must be a dict such as '
                 f'dict(max_norm=35, norm_type=2), got {grad_clip!r}.')
-        self.cumulative_iters = cumulative_iters
+        self._requested = cumulative_iters
+        self._wrapper: Optional[OptimWrapper] = None  # holds the window once requested
         self.grad_clip = dict(grad_clip) if grad_clip else None
         self._warned_batch_norm = False
         super().__init__()
 
+    @property
+    def cumulative_iters(self) -> int:
+        """Micro-steps per optimizer step: the optim wrapper's window once the request
+        is in it (``before_run``), before that the ``cumulative_iters`` asked for."""
+        if self._wrapper is None:
+            return self._requested
+        return accumulation(self._wrapper)
+
     # ------------------------------------------------------------------ setup
     def before_run(self, runner) -> None:
+        """Put the window and the clipping into the optim wrapper; with accumulation,
+        warn about BatchNorm and make the parameter schedulers count optimizer steps.
+
+        Nothing for ``runner.val()`` / ``runner.test()`` (no optim wrapper is built).
+        """
         wrapper = runner.optim_wrapper
-        if isinstance(wrapper, OptimWrapperDict):
-            raise TypeError(
-                'GradientCumulativeOptimizerHook supports one optimizer '
-                '(OptimWrapper / AmpOptimWrapper), got an OptimWrapperDict with '
-                f'{list(wrapper.keys())}.')
-        if not isinstance(wrapper, OptimWrapper):
-            return  # runner.val() / runner.test(): nothing is trained
-        self._reconcile_counts(wrapper)
+        if not self._trains(wrapper):
+            return
+        self.request_accumulation(wrapper)
         self._reconcile_clip(wrapper)
         if self.cumulative_iters == 1:
             return
@@ -303,17 +165,38 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
         self._rebuild_schedulers(runner, wrapper)
         self._gate_scheduler_hooks(runner)
 
-    def _reconcile_counts(self, wrapper: OptimWrapper) -> None:
-        current = accumulation(wrapper)
-        if current == self.cumulative_iters:
+    @staticmethod
+    def _trains(wrapper: Any) -> bool:
+        """Whether ``wrapper`` is one built optim wrapper (an error for several)."""
+        if isinstance(wrapper, OptimWrapperDict):
+            raise TypeError(
+                'GradientCumulativeOptimizerHook supports one optimizer '
+                '(OptimWrapper / AmpOptimWrapper), got an OptimWrapperDict with '
+                f'{list(wrapper.keys())}.')
+        return isinstance(wrapper, OptimWrapper)  # else val() / test(): nothing trains
+
+    def request_accumulation(self, optim_wrapper: Any) -> None:
+        """Put ``cumulative_iters`` into ``optim_wrapper`` and read the window from it
+        from now on (:class:`~mmdet3d_scaling.engine.optim_state.AccumulationRequest`).
+
+        Args:
+            optim_wrapper: the runner's built optim wrapper.
+
+        Raises:
+            ValueError: when the wrapper already accumulates over another window.
+        """
+        if optim_wrapper is self._wrapper or not self._trains(optim_wrapper):
             return
-        if current != 1:
-            raise ValueError(
-                f'GradientCumulativeOptimizerHook(cumulative_iters='
-                f'{self.cumulative_iters}) conflicts with optim_wrapper '
-                f'accumulative_counts={current}. Set one value: remove '
-                'optim_wrapper.accumulative_counts or make both equal.')
-        set_accumulation(wrapper, self.cumulative_iters)
+        current = accumulation(optim_wrapper)
+        if current != self._requested:
+            if current != 1:
+                raise ValueError(
+                    f'GradientCumulativeOptimizerHook(cumulative_iters='
+                    f'{self._requested}) conflicts with optim_wrapper '
+                    f'accumulative_counts={current}. Set one value: remove '
+                    'optim_wrapper.accumulative_counts or make both equal.')
+            set_accumulation(optim_wrapper, self._requested)
+        self._wrapper = optim_wrapper
 
     def _reconcile_clip(self, wrapper: OptimWrapper) -> None:
         wanted, current = _clip_spec(self.grad_clip), _wrapper_clip_spec(wrapper)
@@ -422,6 +305,8 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
 
     # ---------------------------------------------------------------- windows
     def before_train(self, runner) -> None:
+        """Restore the gradients of a window a resumed checkpoint holds; else, resuming
+        an epoch-based run inside a window, say that no gradient is lost."""
         if self._restore_pending(runner):
             return
         if (runner.iter % self.cumulative_iters and self.cumulative_iters > 1
@@ -432,6 +317,8 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
                 'warning above counts windows from iteration 0).', logger='current')
 
     def before_train_epoch(self, runner) -> None:
+        """Epoch-based loops: start the epoch with a fresh window, sized so that the
+        epoch's last (partial) window divides its loss by its own length."""
         if self.cumulative_iters == 1 or isinstance(runner.train_loop,
                                                     IterBasedTrainLoop):
             return  # iteration-based: runner.train() counted windows from iter 0

@@ -44,5 +44,7 @@ class OptimizerStepParamSchedulerHook(ParamSchedulerHook):
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None,
                          outputs: Optional[dict] = None) -> None:
+        """Step the iteration-based schedulers if this iteration stepped the optimizer
+        (``ParamSchedulerHook.after_train_iter``), else nothing."""
         if optimizer_stepped(runner):
             super().after_train_iter(runner, batch_idx, data_batch, outputs)

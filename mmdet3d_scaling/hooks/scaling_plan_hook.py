@@ -168,8 +168,10 @@ class ScalingPlanHook(Hook):
     under another plan (the window's saved gradients belong to the old split); with the
     same plan :class:`AccumulationCheckpointHook` restores them.
 
+    Priority ``VERY_HIGH``: it converts a loaded checkpoint before other hooks read it.
+
     Args:
-        log_plan: print the plan table before training. Defaults to True.
+        log_plan (bool): print the plan table before training. Defaults to True.
     """
 
     priority = 'VERY_HIGH'  # convert the checkpoint before other hooks read it
@@ -179,16 +181,20 @@ class ScalingPlanHook(Hook):
         self.conversion: Optional[Dict[str, Any]] = None  # what the last resume changed
 
     def before_train(self, runner) -> None:
+        """Log the plan the runner trains with (``log_plan``)."""
         if self.log_plan:
             runner.logger.info('\n' + format_plan(runtime_plan(runner)))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """Record the plan and the samples seen in the checkpoint's ``meta``."""
         plan = runtime_plan(runner)
         meta = checkpoint.setdefault('meta', {})
         meta[META_KEY] = plan.to_dict()
         meta['samples_seen'] = int(meta.get('iter', runner.iter)) * plan.samples_per_iter
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
+        """On resume under another plan: convert the checkpoint's iteration and
+        schedule to this plan (in place, before the runner restores them)."""
         meta = checkpoint.get('meta') or {}
         if not getattr(runner, '_resume', False) or 'iter' not in meta:
             return  # loading weights only: the schedule starts from scratch

@@ -209,8 +209,10 @@ def shutdown_distributed(runner: Optional[Any] = None) -> None:
 
     import torch.distributed as dist
     from mmengine.model import is_model_wrapper
+
+    from ..utils.model import unwrap_model
     if runner is not None and is_model_wrapper(runner.model):
-        runner.model = runner.model.module
+        runner.model = unwrap_model(runner.model)
         gc.collect()
     if dist.is_available() and dist.is_initialized():
         dist.barrier()

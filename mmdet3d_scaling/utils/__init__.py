@@ -1,1 +1,14 @@
-"""Small helpers every layer may use; they import nothing else from the package."""
+"""Small helpers every layer of the package may use.
+
+The bottom layer: modules here import only the standard library, torch and mmengine,
+never another part of ``mmdet3d_scaling``, so anything can import them without a cycle
+(and the scaling benchmark's worker can load them in a stock run without the plugin).
+
+- :mod:`.model`: :func:`~.model.unwrap_model`, the module inside a model wrapper.
+- :mod:`.registry_scope`: :func:`~.registry_scope.strip_scope` and
+  :func:`~.registry_scope.type_name`, registry type names without their scope.
+"""
+from .model import unwrap_model
+from .registry_scope import strip_scope, type_name
+
+__all__ = ['unwrap_model', 'strip_scope', 'type_name']

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from mmdet3d_scaling.diagnostics.hooks import benchmark_timer_hook
 from mmdet3d_scaling.diagnostics.scaling_benchmark import (benchmark, comparison, launch,
-                                                            outputs, summary, worker)
+                                                            outputs, summary)
 from tests.auto_batch_size_common import write_dataset
 
 REPO = Path(__file__).resolve().parents[2]
@@ -243,9 +244,9 @@ def test_window_overlap_and_start_barrier(tmp_path):
     assert overlap([[0.0, 4.0], [5.0, 9.0]]) == 0.0  # one after the other
     assert overlap([[0.0, 4.0], []]) is None  # a run without a window
     assert overlap([[1.0, 1.0], [0.0, 4.0]]) is None  # an empty window
-    worker.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: returns at once
+    benchmark_timer_hook.wait_for_peers(str(tmp_path / 'one'), 1)  # alone: at once
     with pytest.raises(RuntimeError, match='2 independent runs.*only 1 did'):
-        worker.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
+        benchmark_timer_hook.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
 
 
 def test_independent_runs_stop_together_when_one_fails():

@@ -58,7 +58,7 @@ stock config's.
 
 Modules: :mod:`.benchmark` (the runs a benchmark makes, start to end), :mod:`.launch`
 (starting a run's processes, reading their result), :mod:`.worker` (the training
-process: timing hooks, run as a script), :mod:`.summary` (records -> table rows),
+process, run as a script; its timing hooks are in :mod:`mmdet3d_scaling.diagnostics.hooks`), :mod:`.summary` (records -> table rows),
 :mod:`.comparison` (the stock mmdet3d run), :mod:`.tables` and :mod:`.outputs`
 (``scaling.md`` / ``scaling.json`` / ``scaling.png``).
 """

@@ -3,8 +3,8 @@ iterations of the run in flight (with an ETA each).
 
 The plan (:func:`planned_runs`) counts the runs the options ask for; the run bar moves
 when a run finishes. Each run's processes write ``progress.json`` (iterations done /
-total, :class:`.worker.ProgressFileHook`) in its work dir, which the launcher reads while
-it waits (:meth:`RunTracker.poll`). Bars follow :mod:`mmdet3d_scaling.utils.progress`
+total, :mod:`mmdet3d_scaling.diagnostics.hooks.progress_file_hook`) in its work dir,
+which the launcher reads while it waits (:meth:`RunTracker.poll`). Bars follow :mod:`mmdet3d_scaling.utils.progress`
 (stderr, terminals only, ``--no-progress``).
 """
 import argparse

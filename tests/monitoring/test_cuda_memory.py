@@ -1,0 +1,22 @@
+"""CudaMemory on a real CUDA device (skipped without one)."""
+import pytest
+import torch
+
+from mmdet3d_scaling.monitoring.cuda_memory import MB, CudaMemory
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+
+
+def test_peak_survives_a_counter_reset():
+    device = torch.device('cuda', torch.cuda.current_device())
+    memory = CudaMemory(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    spike = torch.empty(64 * MB, dtype=torch.uint8, device=device)
+    del spike
+    memory.fold_peak()
+    torch.cuda.reset_peak_memory_stats(device)  # what mmengine's LogProcessor does
+    figures = memory.figures(reset_counter=True)
+    assert figures['mem_peak_mb'] >= 64
+    assert figures['mem_alloc_mb'] < 64
+    memory.restart()
+    assert memory.figures(reset_counter=False)['mem_peak_mb'] < 64
