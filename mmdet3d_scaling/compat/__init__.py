@@ -8,6 +8,7 @@ print(c.patching.table())"`` lists them; ``docs/compat.md`` explains each one.
 | patch                  | kind  | replaces                                               |
 |------------------------|-------|--------------------------------------------------------|
 | checkpoint             | fixes | mmengine's local / http(s) checkpoint loaders          |
+| checkpoint_save        | fixes | ``save_checkpoint``: local files by temp + rename      |
 | point_loading          | fixes | mmdet3d's ``LoadPoints*._load_points``                 |
 | info_files             | fixes | info-file ``load`` of datasets, metrics, db sampler    |
 | nuscenes_metric        | fixes | ``NuScenesMetric._evaluate_single``                    |
@@ -31,6 +32,7 @@ mmcv_ops.check()  # first: the patch modules import mmdet3d, which needs the ops
 from . import patching  # noqa: E402
 # fixes
 from . import checkpoint, point_loading, nuscenes_metric, numpy_removed_apis  # noqa: E402,F401,E501
+from . import checkpoint_save  # noqa: E402,F401
 from . import info_files  # noqa: E402,F401
 from . import runner_handoff  # noqa: E402,F401
 from . import config_scope  # noqa: E402,F401
