@@ -145,7 +145,8 @@ def corrupt_checkpoint_error(filename: str, err: BaseException) -> CorruptCheckp
     else:
         instead = 'No other readable checkpoint is in its folder'
     return CorruptCheckpointError(
-        f'checkpoint {filename} {state}: {type(err).__name__}: {err}. A process killed '
+        f'checkpoint {filename} {state}: {type(err).__name__}: {str(err).rstrip(".")}. '
+        'A process killed '
         'while saving it, or an interrupted copy, leaves such files (with the plugin '
         "imported, mmengine's save_checkpoint writes through a temporary file and a "
         f'rename, so a new save is never cut). {instead}, or copy the file again.')

@@ -6,11 +6,13 @@ module looks at the files that exist, for the dataloaders a command reads:
 - a synthetic dataset whose generator run did not finish (its marker says
   ``"complete": false``: killed during ``--overwrite``, its infos, labels and point files
   may come from different runs) -> :func:`check_complete_synthetic`;
-- each info file (``ann_file``): readable, and of mmdet3d 1.x's structure (a dict with
-  ``data_list`` and ``metainfo``); the pre-1.x structures (a dict with ``infos``, or a
-  bare list) are named with mmdet3d's ``update_infos_to_v2.py`` command;
-- each point file the info file lists, by size alone (one ``stat`` a file, no read):
-  empty, not whole float32 values, not whole ``load_dim`` points, or missing.
+- each info file (``ann_file``): of mmdet3d 1.x's structure (a dict with ``data_list``
+  and ``metainfo``), told from the pickle's first opcodes (a large file is not read in
+  full); the pre-1.x structures (a dict with ``infos``, or a bare list) are named with
+  mmdet3d's ``update_infos_to_v2.py`` command;
+- each ``.bin`` file in the point-cloud folder (``data_prefix.pts``), by size alone (one
+  directory scan, a ``stat`` a file, no read): empty, not whole float32 values, not
+  whole ``load_dim`` points.
 
 :func:`check_data_files` reports the first few bad point files and the count, each
 with the fix, as :class:`BadDataFileError`. Remote paths (``backend_args`` or a URL)
@@ -109,8 +111,8 @@ def _update_hint(path: str, dataset_type: str) -> str:
     name = dataset_type.replace('Dataset', '').lower() or 'kitti'
     folder = osp.dirname(path) or '.'
     return (f"convert it with mmdet3d's `python {UPDATE_INFOS} --dataset {name} "
-            f'--pkl-path {path} --out-dir {osp.join(folder, "v2")}` (from an mmdet3d '
-            f'checkout) and point ann_file at {osp.join(folder, "v2", osp.basename(path))}'
+            f'--pkl-path {path} --out-dir {osp.join(folder, "v2")}` (in an mmdet3d '
+            'checkout; pip installs it under mmdet3d/.mim/) and point ann_file at {osp.join(folder, "v2", osp.basename(path))}'
             ", or create the infos again with mmdet3d 1.x's tools/create_data.py")
 
 
@@ -124,6 +126,45 @@ def _load_info(path: str) -> object:
         raise
     except Exception as err:
         raise corrupt_info_error(path, err) from err
+
+
+_STRINGS = ('SHORT_BINUNICODE', 'BINUNICODE', 'BINUNICODE8', 'UNICODE')
+_BOOKKEEPING = ('PROTO', 'FRAME', 'MEMOIZE', 'BINPUT', 'LONG_BINPUT', 'PUT', 'MARK')
+
+
+def _pickle_head(path: str) -> Tuple[str, Optional[str]]:
+    """``('dict', first key)``, ``('list', None)`` or ``('other', None)``: the top-level
+    object of a pickle from its first opcodes (a pickler writes the outer container
+    first, then its first key), without reading the rest of a large file."""
+    import pickletools
+    kind = None
+    try:
+        with open(path, 'rb') as f:
+            for op, arg, _ in pickletools.genops(f):
+                if op.name in _BOOKKEEPING:
+                    continue
+                if kind is None and op.name == 'EMPTY_DICT':
+                    kind = 'dict'
+                    continue
+                if kind is None:
+                    return ('list' if op.name == 'EMPTY_LIST' else 'other'), None
+                return kind, (arg if op.name in _STRINGS else None)
+    except Exception:  # cut or not a pickle: left to the full load and its named error
+        pass
+    return 'other', None
+
+
+def _structure_problem(path: str) -> Optional[str]:
+    """:func:`info_structure_problem` of the info file at ``path``, read in full only
+    when its first opcodes do not settle it (a v2 file starts with ``metainfo`` or
+    ``data_list``; a pre-1.0 one with ``infos``/``metadata`` or is a list)."""
+    if path.endswith('.pkl'):
+        kind, key = _pickle_head(path)
+        if kind == 'dict' and key in ('metainfo', 'data_list'):
+            return None  # mmengine checks the rest as it loads
+        if kind == 'list':
+            return info_structure_problem([])
+    return info_structure_problem(_load_info(path))
 
 
 def _load_dim(ds: dict) -> Optional[int]:
@@ -155,49 +196,49 @@ def _points_folder(ds: dict) -> str:
     return _resolve(ds.get('data_root') or '', prefix.get('pts', ''))
 
 
-def _bad_points(infos: dict, folder: str, load_dim: int) -> List[Tuple[str, str]]:
-    """``(path, problem)`` of every listed point file that can't be loaded."""
-    bad = []
-    for info in infos['data_list']:
-        rel = ((info or {}).get('lidar_points') or {}).get('lidar_path')
-        if not rel:
-            continue
-        path = rel if osp.isabs(rel) else osp.join(folder, rel)
-        try:
-            problem = size_problem(os.stat(path).st_size, load_dim)
-        except FileNotFoundError:
-            problem = 'does not exist'
-        if problem:
-            bad.append((path, problem))
-    return bad
+def _bad_points(folder: str, load_dim: int) -> Tuple[int, List[Tuple[str, str]]]:
+    """(files seen, ``(path, problem)`` of each ``.bin`` file in ``folder`` that can't
+    hold ``load_dim``-float32 points): one directory scan, a ``stat`` a file."""
+    seen, bad = 0, []
+    with os.scandir(folder) as it:
+        for entry in sorted(it, key=lambda e: e.name):
+            if not entry.name.endswith('.bin') or not entry.is_file():
+                continue
+            seen += 1
+            problem = size_problem(entry.stat().st_size, load_dim)
+            if problem:
+                bad.append((entry.path, problem))
+    return seen, bad
 
 
-def _check_dataset(ds: dict, where: str) -> List[str]:
+def _check_dataset(ds: dict, where: str, scanned: set) -> List[str]:
     dtype = str(ds.get('type', 'dataset'))
     ann_file = ds.get('ann_file')
-    if not ann_file or _remote(ann_file, ds):
-        return []
-    path = _resolve(ds.get('data_root') or '', ann_file)
-    if not osp.isfile(path):
-        return []  # the missing-path check reports it
-    infos = _load_info(path)
-    problem = info_structure_problem(infos)
-    if problem:
-        fix = (_update_hint(path, dtype) if 'before 1.0' in problem else
-               "create it with mmdet3d 1.x's tools/create_data.py")
-        return [f'{where} ({dtype}): info file ann_file={path!r} {problem}; {fix}.']
+    problems = []
+    if ann_file and not _remote(ann_file, ds):
+        path = _resolve(ds.get('data_root') or '', ann_file)
+        problem = _structure_problem(path) if osp.isfile(path) else None
+        if problem:  # (a missing file is the missing-path check's)
+            fix = (_update_hint(path, dtype) if 'before 1.0' in problem else
+                   "create it with mmdet3d 1.x's tools/create_data.py")
+            problems.append(f'{where} ({dtype}): info file ann_file={path!r} {problem}; '
+                            f'{fix}.')
     load_dim = _load_dim(ds)
-    if load_dim is None or not (ds.get('modality') or {}).get('use_lidar', True):
-        return []
-    bad = _bad_points(infos, _points_folder(ds), load_dim)
+    folder = _points_folder(ds)
+    if (load_dim is None or not (ds.get('modality') or {}).get('use_lidar', True)
+            or _remote(folder, ds) or not osp.isdir(folder) or (folder, load_dim) in scanned):
+        return problems
+    scanned.add((folder, load_dim))
+    seen, bad = _bad_points(folder, load_dim)
     if not bad:
-        return []
+        return problems
     lines = ''.join(f'\n      {p} {why}' for p, why in bad[:SHOWN])
     more = f'\n      ... and {len(bad) - SHOWN} more' if len(bad) > SHOWN else ''
-    return [f'{where} ({dtype}): {len(bad)} of {len(infos["data_list"])} point files '
-            f'listed in {path} cannot be loaded with load_dim={load_dim} (each must be a '
-            f'non-zero multiple of {4 * load_dim} bytes):{lines}{more}\n    '
-            f'{size_fix(load_dim)}{_synthetic_hint(ds)}.']
+    problems.append(
+        f'{where} ({dtype}): {len(bad)} of {seen} point files in {folder} cannot be loaded '
+        f'with load_dim={load_dim} (each must be a non-zero multiple of {4 * load_dim} '
+        f'bytes):{lines}{more}\n    {size_fix(load_dim)}{_synthetic_hint(ds)}.')
+    return problems
 
 
 def _synthetic_hint(ds: dict) -> str:
@@ -212,6 +253,7 @@ def check_data_files(cfg: Config, loaders: Sequence[str]) -> None:
     """Raise :class:`BadDataFileError` naming every unusable info file and the bad point
     files (first :data:`SHOWN` and the count) of the ``loaders``' datasets."""
     problems: List[str] = []
+    scanned: set = set()  # (folder, load_dim) already checked: val and test share one
     for ds, where in _loader_datasets(cfg, loaders):
-        problems += _check_dataset(ds, where)
+        problems += _check_dataset(ds, where, scanned)
     _raise(problems)

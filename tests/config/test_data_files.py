@@ -53,8 +53,8 @@ def test_runner_train_names_cut_and_empty_point_files_before_training(root, tmp_
     with pytest.raises(BadDataFileError) as err:
         runner.train()
     msg = str(err.value)
-    assert (f'train_dataloader.dataset.dataset (KittiDataset): 2 of 2 point files listed '
-            f'in {root}/kitti_infos_train.pkl cannot be loaded with load_dim=4') in msg
+    assert (f'train_dataloader.dataset.dataset (KittiDataset): 2 of 3 point files in '
+            f'{root}/{REDUCED} cannot be loaded with load_dim=4') in msg
     size = osp.getsize(cut)
     assert f'{cut} is {size} bytes, not a multiple of 4 (float32)' in msg
     assert f'{empty} is empty (0 bytes)' in msg
@@ -68,29 +68,24 @@ def test_wrong_point_dimension_and_count_of_many(root):
     for step in cfg.train_dataloader.dataset.dataset.pipeline:
         if step['type'] == 'LoadPointsFromFile':
             step['load_dim'] = 5  # nuScenes' dimension on KITTI files
-    for name in ('000000.bin', '000001.bin'):  # 3 points of 4 floats: 48 bytes
-        with open(osp.join(root, REDUCED, name), 'wb') as f:
+    for i in range(8):  # the 3 frames and 5 more, 3 points of 4 floats: 48 bytes
+        with open(osp.join(root, REDUCED, f'{i:06d}.bin'), 'wb') as f:
             f.write(bytes(48))
-    infos_path = osp.join(root, 'kitti_infos_train.pkl')
-    with open(infos_path, 'rb') as f:
-        infos = pickle.load(f)
-    infos['data_list'] = infos['data_list'] * 4  # 8 entries, all of a bad size
-    with open(infos_path, 'wb') as f:
-        pickle.dump(infos, f)
     with pytest.raises(BadDataFileError) as err:
         check_data_paths(cfg, loaders=['train_dataloader'], evaluators=[])
     msg = str(err.value)
     assert '8 of 8 point files' in msg
     assert 'is 48 bytes = 12 float32 values, not a multiple of load_dim=5' in msg
     assert 'KITTI: 4, nuScenes: 5' in msg
-    assert msg.count(osp.join(root, REDUCED)) == SHOWN
+    assert msg.count('is 48 bytes') == SHOWN
     assert f'... and {8 - SHOWN} more' in msg
 
 
-def test_a_listed_point_file_that_is_missing(root):
-    os.remove(osp.join(root, REDUCED, '000001.bin'))
-    with pytest.raises(BadDataFileError, match=r'000001.bin does not exist'):
-        check_data_paths(demo_config(root))
+def test_val_and_test_share_a_folder_reported_once(root):
+    open(osp.join(root, REDUCED, '000002.bin'), 'wb').close()  # the val frame
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(demo_config(root), loaders=['val_dataloader', 'test_dataloader'])
+    assert str(err.value).count('000002.bin is empty (0 bytes)') == 1
 
 
 @pytest.mark.parametrize('old_format', ['infos_key', 'bare_list'])
