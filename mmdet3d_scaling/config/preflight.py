@@ -13,7 +13,9 @@ ConcatDataset, CBGSDataset and other wrappers) and their evaluators:
 - a missing point-cloud folder (``data_prefix.pts``);
 - for ``NuScenesMetric``, missing devkit tables under ``data_root/<version>/``;
 
-each with the command that creates it. Synthetic data is suggested into ``data_root``
+each with the command that creates it; then, in :mod:`.data_files`, an unfinished
+synthetic dataset, info files of the wrong structure and point files of a bad size
+(:class:`~.data_files.BadDataFileError`). Synthetic data is suggested into ``data_root``
 only when that folder is absent, empty or written by the generator (its
 ``.synthetic_<format>`` marker): a folder with other files may be a real dataset, so
 the error suggests mmdet3d's converter for it, and for synthetic data a separate folder
@@ -29,6 +31,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from mmengine.config import Config
 
 from ..datasets.synthetic.target import MARKERS, entries, synthetic_kind
+from .data_files import check_complete_synthetic, check_data_files
 
 __all__ = ['MissingDataError', 'check_data_paths', 'leaf_datasets', 'synthetic_overrides']
 
@@ -320,6 +323,7 @@ def check_data_paths(cfg: Config, loaders: Sequence[str] = _LOADERS,
     """
     if not (cfg.get('preflight') or {}).get('check_data', True):
         return
+    check_complete_synthetic(cfg, loaders)  # before the paths: it explains missing ones
     problems: List[str] = []
     seen = set()  # val and test often share a dataset: report each config once
     missing_roots: Set[str] = set()
@@ -358,3 +362,4 @@ def check_data_paths(cfg: Config, loaders: Sequence[str] = _LOADERS,
         problems += _synthetic_elsewhere(cfg, foreign)
         raise MissingDataError('missing data:\n  - ' + '\n  - '.join(problems)
                                + '\n' + OPT_OUT)
+    check_data_files(cfg, loaders)

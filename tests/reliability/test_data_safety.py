@@ -4,8 +4,9 @@
   without ``--overwrite``, naming the folder, some entries, the count and the switch;
 - ``tools/demo.py`` generates data only into an absent / empty / generator-made folder;
 - ``tools/benchmark_gpu_monitor.py`` refuses to replace an existing ``--json-out``;
-- ``tools/train.py`` names a zero-byte point file; ``tools/test.py`` names an empty info
-  file (the preflight before the run, the ``info_files`` patch without the preflight).
+- ``tools/train.py`` names a zero-byte point file and ``tools/test.py`` an empty info
+  file (the preflight before the run; the ``point_loading`` / ``info_files`` patches
+  without the preflight).
 """
 import os
 import os.path as osp
@@ -133,13 +134,19 @@ def test_train_names_a_zero_byte_point_file(workspace, tmp_path):
     for name in ('000000.bin', '000001.bin'):  # every train frame: any order hits one
         open(tmp_path / 'data' / 'synthetic_kitti' / 'training' / 'velodyne_reduced' / name,
              'wb').close()
-    done = _run(osp.join(TOOLS, 'train.py'), DEMO_CONFIG, '--work-dir', str(tmp_path / 'w'),
-                '--cfg-options', 'train_dataloader.num_workers=0',
-                'train_dataloader.persistent_workers=False', 'train_cfg.max_iters=1',
-                cwd=str(tmp_path), timeout=600)
+    args = (osp.join(TOOLS, 'train.py'), DEMO_CONFIG, '--work-dir', str(tmp_path / 'w'),
+            '--cfg-options', 'train_dataloader.num_workers=0',
+            'train_dataloader.persistent_workers=False', 'train_cfg.max_iters=1')
+    done = _run(*args, cwd=str(tmp_path), timeout=600)
+    assert done.returncode != 0
+    assert 'BadDataFileError' in done.stderr  # the preflight, before the first iteration
+    for name in ('000000.bin', '000001.bin'):
+        assert f'velodyne_reduced/{name} is empty (0 bytes)' in done.stderr
+    # without the preflight, the loader names the file it reaches
+    done = _run(*args, 'preflight.check_data=False', cwd=str(tmp_path), timeout=600)
     assert done.returncode != 0
     assert 'EmptyPointCloudError' in done.stderr
-    assert 'velodyne_reduced/00000' in done.stderr and 'is empty (0 points)' in done.stderr
+    assert 'velodyne_reduced/00000' in done.stderr and 'is empty (0 bytes)' in done.stderr
 
 
 def test_test_names_an_empty_info_file(workspace, tmp_path):

@@ -31,7 +31,8 @@ import numpy as np
 from . import exact
 from .camera import box_to_2d, in_image_mask, render_image
 from .scene import KITTI_CLASSES, Area, Scene, SensorModel, points_in_box_mask, sample_scene
-from .target import check_target, write_marker
+from ...utils.atomic_io import atomic_writer
+from .target import check_target, mark_complete, write_marker
 
 __all__ = ['KittiSceneConfig', 'KittiCalib', 'write_kitti', 'KITTI_V2_CLASSES']
 
@@ -243,7 +244,8 @@ class _GtDatabase:
 
 
 def _dump(obj: object, path: str) -> None:
-    with open(path, 'wb') as f:
+    """Pickle ``obj`` to ``path`` atomically: a reader sees the old file or the new."""
+    with atomic_writer(path) as f:
         pickle.dump(obj, f, protocol=4)
 
 
@@ -289,7 +291,9 @@ def write_kitti(out_dir: str, train_frames: int, val_frames: int, seed: int = 0,
 
     Args:
         out_dir: dataset root: absent or empty (created), or any folder with
-            ``overwrite``. The marker ``.synthetic_kitti`` is written first.
+            ``overwrite``. The marker ``.synthetic_kitti`` is written first (saying
+            incomplete), the info files last (each atomically), then the marker says
+            complete.
         train_frames: frames in the train split (ids 0 .. train_frames - 1).
         val_frames: frames in the val split (the ids after the train ones).
         seed: frame ``i`` uses ``np.random.default_rng([seed, i])``.
@@ -337,6 +341,7 @@ def write_kitti(out_dir: str, train_frames: int, val_frames: int, seed: int = 0,
     _dump(dict(metainfo=_metainfo(), data_list=infos['train'] + infos['val']),
           osp.join(out_dir, 'kitti_infos_trainval.pkl'))
     _dump(db.infos, osp.join(out_dir, 'kitti_dbinfos_train.pkl'))
+    mark_complete(out_dir, 'kitti')  # last: an interrupted run leaves it incomplete
     return dict(train_frames=train_frames, val_frames=val_frames, objects=counts)
 
 
@@ -344,16 +349,19 @@ def ensure_kitti(data_root: str, train_frames: int, val_frames: int, seed: int) 
     """Write synthetic KITTI data unless ``data_root`` already has it; seconds spent.
 
     Data is generated only into an absent or empty folder, or one the generator wrote
-    before (its ``.synthetic_kitti`` marker is there, e.g. an interrupted run): never
+    before (its ``.synthetic_kitti`` marker is there; an interrupted run's marker says
+    incomplete and the folder is written again): never
     over files of unknown origin, which may be a real dataset.
 
     Raises:
         TargetNotEmptyError: ``data_root`` lacks the demo's info files and holds
             other files without the generator's marker.
     """
-    from .target import TargetNotEmptyError, describe_entries, entries, synthetic_kind
+    from .target import (TargetNotEmptyError, describe_entries, entries, incomplete_run,
+                         synthetic_kind)
     needed = ('kitti_infos_train.pkl', 'kitti_infos_val.pkl', 'kitti_dbinfos_train.pkl')
-    if all(osp.isfile(osp.join(data_root, f)) for f in needed):
+    if (all(osp.isfile(osp.join(data_root, f)) for f in needed)
+            and incomplete_run(data_root) is None):
         kind = 'synthetic ' if synthetic_kind(data_root) == 'kitti' else ''
         print(f'[demo] using the {kind}data in {data_root}')
         return 0.0

@@ -41,7 +41,8 @@ from .nuscenes_sensors import (HDL32_ELEVATIONS_DEG, LIDAR_TRANSLATION, LIDAR_YA
                                matrix_quaternion, pose_matrix, render_camera,
                                yaw_matrix, yaw_quaternion)
 from .scene import SensorModel, SizePrior, clutter_size, points_in_box_mask, scan_boxes
-from .target import check_target, write_marker
+from ...utils.atomic_io import atomic_writer
+from .target import check_target, mark_complete, write_marker
 
 __all__ = ['NUSCENES_CLASSES', 'CLASS_COLORS', 'NuScenesSyntheticConfig', 'generate_nuscenes',
            'multi_sweep_points']
@@ -869,17 +870,18 @@ def generate_nuscenes(cfg: NuScenesSyntheticConfig, progress: bool = True,
     out = {}
     for split, split_infos in infos.items():
         path = osp.join(cfg.out_dir, f'nuscenes_infos_{split}.pkl')
-        with open(path, 'wb') as f:
+        with atomic_writer(path) as f:  # a reader sees the old file or the new one
             pickle.dump(dict(metainfo=_metainfo(cfg.version), data_list=split_infos), f,
                         protocol=4)
         out[split] = path
     if cfg.gt_database:
         out['gt_database'] = osp.join(cfg.out_dir, 'nuscenes_dbinfos_train.pkl')
-        with open(out['gt_database'], 'wb') as f:
+        with atomic_writer(out['gt_database']) as f:
             pickle.dump(db_infos, f, protocol=4)
     tables.add_maps()
     tables.dump(cfg.out_dir, cfg.version)
     out['tables'] = osp.join(cfg.out_dir, cfg.version)
+    mark_complete(cfg.out_dir, 'nuscenes')  # last: an interrupted run leaves it incomplete
     frames = cfg.train_frames + cfg.val_frames
     out['frames_per_s'] = round(frames / (time.perf_counter() - start), 2)
     return out

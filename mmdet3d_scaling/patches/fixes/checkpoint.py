@@ -16,11 +16,21 @@ happens only for files the user declared trusted, one by one:
 - ``MMDET3D_SCALING_TRUSTED_CHECKPOINTS=PATH1:PATH2`` in the environment (what the
   other two set, so that every rank of a distributed run sees it).
 
-There is deliberately no switch that trusts every file.
+There is deliberately no switch that trusts every file, and loading a trusted file logs
+its path and the globals outside the allow-list that it holds (what full unpickling
+accepted).
+
+A file torch cannot read (truncated by a kill during the save, an interrupted copy, a
+zero-byte file) raises :class:`CorruptCheckpointError` naming the file, its size and the
+newest readable checkpoint in the same folder to use instead, for ``--resume``,
+``load_from`` and ``tools/test.py`` alike (they all load through this scheme).
 """
+import glob
+import logging
 import os
 import os.path as osp
 import pickle
+import zipfile
 from typing import Any, Iterable, List, Optional
 
 import torch
@@ -98,6 +108,77 @@ def trust_checkpoints(paths: Iterable[str]) -> None:
     os.environ[TRUSTED_ENV] = os.pathsep.join(known)
 
 
+class CorruptCheckpointError(RuntimeError):
+    """A checkpoint file that exists but torch cannot read (truncated, empty, not one)."""
+
+
+def readable_zip(path: str) -> bool:
+    """Whether ``path`` is a whole zip archive (torch's format since 1.6): its central
+    directory, at the end of the file, is there; a cut file has none. Reads the end only."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return bool(archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def previous_checkpoint(filename: str) -> Optional[str]:
+    """The newest other ``*.pth`` in ``filename``'s folder that is a whole archive."""
+    folder = osp.dirname(osp.abspath(filename))
+    others = [p for p in glob.glob(osp.join(folder, '*.pth'))
+              if osp.abspath(p) != osp.abspath(filename) and osp.isfile(p)]
+    for path in sorted(others, key=osp.getmtime, reverse=True):
+        if readable_zip(path):
+            return path
+    return None
+
+
+def corrupt_checkpoint_error(filename: str, err: BaseException) -> CorruptCheckpointError:
+    """The error for checkpoint ``filename`` that failed to load with ``err``."""
+    size = osp.getsize(filename)
+    state = 'is empty (0 bytes)' if size == 0 else f'cannot be read ({size} bytes)'
+    previous = previous_checkpoint(filename)
+    if previous is not None:
+        instead = (f'The newest readable checkpoint in the same folder is {previous}: use '
+                   f'it (`--resume {previous}`, `load_from={previous!r}` or `tools/test.py '
+                   f'CONFIG {previous}`)')
+    else:
+        instead = 'No other readable checkpoint is in its folder'
+    return CorruptCheckpointError(
+        f'checkpoint {filename} {state}: {type(err).__name__}: {str(err).rstrip(".")}. '
+        'A process killed '
+        'while saving it, or an interrupted copy, leaves such files (with the plugin '
+        "imported, mmengine's save_checkpoint writes through a temporary file and a "
+        f'rename, so a new save is never cut). {instead}, or copy the file again.')
+
+
+def _torch_load(filename: str, **kwargs: Any) -> Any:
+    """``torch.load`` naming a file it cannot read (see :class:`CorruptCheckpointError`)."""
+    try:
+        return torch.load(filename, **kwargs)
+    except pickle.UnpicklingError as err:
+        if osp.getsize(filename) and readable_zip(filename):
+            raise  # a whole archive with objects outside the allow-list: handled by caller
+        raise corrupt_checkpoint_error(filename, err) from err
+    except (RuntimeError, EOFError, zipfile.BadZipFile) as err:
+        if readable_zip(filename) and osp.getsize(filename):
+            raise
+        raise corrupt_checkpoint_error(filename, err) from err
+
+
+def _log_trusted(filename: str) -> None:
+    """Say which file is unpickled fully, and what it holds beyond the allow-list."""
+    from mmengine.logging import print_log
+    known = {_global_name(a) for a in mmengine_checkpoint_globals()}
+    extra = [g for g in _unsafe_globals(filename) if g not in known]
+    held = (f'objects outside the mmengine allow-list it holds (accepted): '
+            f'{", ".join(extra)}' if extra else
+            'it holds no objects outside the mmengine allow-list')
+    print_log(f'loading checkpoint {filename} with full unpickling (declared trusted by '
+              f'--trust-checkpoint / trusted_checkpoints / {TRUSTED_ENV}); {held}',
+              logger='current', level=logging.WARNING)
+
+
 def _unsafe_globals(filename: str) -> List[str]:
     getter = getattr(torch.serialization, 'get_unsafe_globals_in_checkpoint', None)
     if getter is None:
@@ -114,14 +195,15 @@ def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
     if not osp.isfile(filename):
         raise FileNotFoundError(f'checkpoint {filename} can not be found.')
     if osp.abspath(filename) in trusted_paths():
-        return torch.load(filename, map_location=map_location, weights_only=False)
+        _log_trusted(filename)
+        return _torch_load(filename, map_location=map_location, weights_only=False)
     safe_globals = getattr(torch.serialization, 'safe_globals', None)
     if safe_globals is None:  # torch < 2.5 has no allow-list API and loads fully anyway
-        return torch.load(filename, map_location=map_location)
+        return _torch_load(filename, map_location=map_location)
     allowed = mmengine_checkpoint_globals()
     with safe_globals(allowed):
         try:
-            return torch.load(filename, map_location=map_location, weights_only=True)
+            return _torch_load(filename, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as err:
             known = {_global_name(a) for a in allowed}
             extra = [g for g in _unsafe_globals(filename) if g not in known]

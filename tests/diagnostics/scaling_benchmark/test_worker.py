@@ -48,11 +48,11 @@ def test_stock_run_loads_the_hooks_without_the_plugin():
     modules = set(found['modules'])
     assert 'mmdet3d_scaling.engine.optim_state' in modules
     # neither the patches nor the plugin's registrations were imported
-    assert not modules & {'mmdet3d_scaling.compat', 'mmdet3d_scaling.hooks',
+    assert not modules & {'mmdet3d_scaling.patches', 'mmdet3d_scaling.hooks',
                           'mmdet3d_scaling.engine.runner', 'mmdet3d_scaling.models'}
 
 
 def test_plugin_run_imports_as_usual():
     found = _probe(plugin=True)
     assert found['registered']
-    assert {'mmdet3d_scaling.compat', 'mmdet3d_scaling.hooks'} <= set(found['modules'])
+    assert {'mmdet3d_scaling.patches', 'mmdet3d_scaling.hooks'} <= set(found['modules'])

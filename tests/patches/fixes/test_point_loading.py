@@ -57,3 +57,22 @@ def test_upstream_trains_on_an_empty_file_silently(tmp_path):
         assert len(_load_file(str(empty))) == 0
     finally:
         patching.apply(reverted)
+
+
+def test_file_cut_inside_a_value_is_named_before_numpy_reads_it(tmp_path):
+    """`printf abc >> 000005.bin`: upstream fails in np.frombuffer, naming no file."""
+    cut = tmp_path / '000005.bin'
+    np.arange(8, dtype=np.float32).tofile(cut)
+    with open(cut, 'ab') as f:
+        f.write(b'abc')
+    with pytest.raises(CorruptPointCloudError) as err:
+        _load_file(str(cut))
+    assert f'point cloud {cut} is 35 bytes, not a multiple of 4 (float32)' in str(err.value)
+    reverted = patching.revert(['point_loading'])
+    try:
+        with pytest.raises(ValueError, match='buffer size must be a multiple of element '
+                           'size') as upstream:
+            _load_file(str(cut))
+        assert str(cut) not in str(upstream.value)
+    finally:
+        patching.apply(reverted)

@@ -1,0 +1,124 @@
+"""Preflight, files that exist: every bad point or info file named before training.
+
+Real files of a generated KITTI set, the demo config, and a real ``ScalingRunner``.
+"""
+import os
+import os.path as osp
+import pickle
+import shutil
+
+import pytest
+from mmengine.runner import Runner
+
+import mmdet3d_scaling  # noqa: F401
+from mmdet3d_scaling.config.data_files import SHOWN, BadDataFileError
+from mmdet3d_scaling.config.preflight import check_data_paths
+from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
+from tests.datasets.synthetic_helpers import demo_config
+
+REDUCED = osp.join('training', 'velodyne_reduced')
+
+
+@pytest.fixture(scope='module')
+def tiny_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp('tiny_kitti_files'))
+    write_kitti(root, 2, 1, seed=0, progress=False)
+    return root
+
+
+@pytest.fixture
+def root(tmp_path, tiny_root):
+    out = str(tmp_path / 'kitti')
+    shutil.copytree(tiny_root, out)
+    return out
+
+
+def test_complete_set_passes(tiny_root):
+    check_data_paths(demo_config(tiny_root))
+
+
+def test_runner_train_names_cut_and_empty_point_files_before_training(root, tmp_path):
+    cut = osp.join(root, REDUCED, '000000.bin')
+    with open(cut, 'ab') as f:  # `printf abc >> 000000.bin`
+        f.write(b'abc')
+    empty = osp.join(root, REDUCED, '000001.bin')
+    open(empty, 'wb').close()
+    cfg = demo_config(root)
+    cfg.work_dir = str(tmp_path / 'work')
+    cfg.train_dataloader.num_workers = 0
+    cfg.train_dataloader.persistent_workers = False
+    cfg.train_cfg.max_iters = 1
+    runner = Runner.from_cfg(cfg)
+    assert type(runner).__name__ == 'ScalingRunner'
+    with pytest.raises(BadDataFileError) as err:
+        runner.train()
+    msg = str(err.value)
+    assert (f'train_dataloader.dataset.dataset (KittiDataset): 2 of 3 point files in '
+            f'{root}/{REDUCED} cannot be loaded with load_dim=4') in msg
+    size = osp.getsize(cut)
+    assert f'{cut} is {size} bytes, not a multiple of 4 (float32)' in msg
+    assert f'{empty} is empty (0 bytes)' in msg
+    assert (f'python tools/create_synthetic_data.py kitti --out {root} --train-frames 2 '
+            '--val-frames 1 --seed 0 --overwrite') in msg
+    assert runner.iter == 0 and not any(n.endswith('.pth') for n in os.listdir(cfg.work_dir))
+
+
+def test_wrong_point_dimension_and_count_of_many(root):
+    cfg = demo_config(root)
+    for step in cfg.train_dataloader.dataset.dataset.pipeline:
+        if step['type'] == 'LoadPointsFromFile':
+            step['load_dim'] = 5  # nuScenes' dimension on KITTI files
+    for i in range(8):  # the 3 frames and 5 more, 3 points of 4 floats: 48 bytes
+        with open(osp.join(root, REDUCED, f'{i:06d}.bin'), 'wb') as f:
+            f.write(bytes(48))
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(cfg, loaders=['train_dataloader'], evaluators=[])
+    msg = str(err.value)
+    assert '8 of 8 point files' in msg
+    assert 'is 48 bytes = 12 float32 values, not a multiple of load_dim=5' in msg
+    assert 'KITTI: 4, nuScenes: 5' in msg
+    assert msg.count('is 48 bytes') == SHOWN
+    assert f'... and {8 - SHOWN} more' in msg
+
+
+def test_val_and_test_share_a_folder_reported_once(root):
+    open(osp.join(root, REDUCED, '000002.bin'), 'wb').close()  # the val frame
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(demo_config(root), loaders=['val_dataloader', 'test_dataloader'])
+    assert str(err.value).count('000002.bin is empty (0 bytes)') == 1
+
+
+@pytest.mark.parametrize('old_format', ['infos_key', 'bare_list'])
+def test_pre_1x_info_file_named_with_the_converter(root, old_format):
+    path = osp.join(root, 'kitti_infos_val.pkl')
+    with open(path, 'rb') as f:
+        frames = pickle.load(f)['data_list']
+    obj = dict(infos=frames, metadata=dict(version='1.0')) if old_format == 'infos_key' \
+        else frames
+    with open(path, 'wb') as f:
+        pickle.dump(obj, f)
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(demo_config(root))
+    msg = str(err.value)
+    shape = "a dict with keys ['infos', 'metadata']" if old_format == 'infos_key' \
+        else 'a bare list'
+    assert f"info file ann_file='{path}' is {shape}: the info format of mmdet3d before " \
+        '1.0' in msg
+    assert (f'python tools/dataset_converters/update_infos_to_v2.py --dataset kitti '
+            f'--pkl-path {path} --out-dir {root}/v2') in msg
+
+
+def test_other_structures_are_named(root):
+    path = osp.join(root, 'kitti_infos_train.pkl')
+    with open(path, 'wb') as f:
+        pickle.dump(dict(frames=[]), f)
+    with pytest.raises(BadDataFileError, match=r"is a dict with keys \['frames'\], not an "
+                       r"mmdet3d 1.x info file \(a dict with 'data_list' and 'metainfo'\)"):
+        check_data_paths(demo_config(root))
+
+
+def test_opt_out_skips_the_file_checks(root):
+    open(osp.join(root, REDUCED, '000001.bin'), 'wb').close()
+    cfg = demo_config(root)
+    cfg.preflight = dict(check_data=False)
+    check_data_paths(cfg)
