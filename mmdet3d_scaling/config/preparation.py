@@ -17,6 +17,7 @@ from .devices import configure_devices
 from .distributed import configure_distributed
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import configure_matmul_precision
+from .preemption import use_resumable_sampler
 from .scaling_recipe import apply_scaling_recipe
 
 #: top-level keys that only this plugin reads (mmengine ignores them)
@@ -67,4 +68,5 @@ def prepare_config(cfg: Config) -> Config:
     translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp
     apply_scaling_recipe(cfg, world_size(cfg.launcher))  # after accumulation translation
     configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
+    use_resumable_sampler(cfg)  # PreemptionHook: a resumed epoch skips trained samples
     return cfg
