@@ -17,6 +17,18 @@ def _as_array(value: Any) -> np.ndarray:
     return np.asarray(tensor)
 
 
+def _names(results: dict) -> str:
+    """``sample_idx=..., lidar_path=..., img_path=...`` of a sample (what it has)."""
+    found = {k: results.get(k) for k in _FILE_KEYS}
+    if found['lidar_path'] is None:
+        found['lidar_path'] = (results.get('lidar_points') or {}).get('lidar_path')
+    if found['img_path'] is None and isinstance(results.get('images'), dict):
+        found['img_path'] = [cam.get('img_path') for cam in results['images'].values()
+                             if isinstance(cam, dict) and cam.get('img_path')] or None
+    return ', '.join(f'{k}={v!r}' for k, v in found.items() if v is not None) or \
+        '(no sample_idx / lidar_path / img_path in the results)'
+
+
 @register(TRANSFORMS)
 class CheckFiniteInputs(BaseTransform):
     """Raise a ``ValueError`` naming the file when an input holds NaN or inf.
@@ -52,10 +64,8 @@ class CheckFiniteInputs(BaseTransform):
                     where = f'{key}[{i}]' if len(arrays) > 1 else key
                     problems.append(f'{where}: {problem}')
         if problems:
-            names = ', '.join(f'{k}={results[k]!r}' for k in _FILE_KEYS
-                              if results.get(k) is not None) or '(no file name in results)'
             raise ValueError(
-                f'CheckFiniteInputs: non-finite input in sample {names}: '
+                f'CheckFiniteInputs: non-finite input in sample {_names(results)}: '
                 + '; '.join(problems) + '. Fix or drop this file (or regenerate the '
                 'info files without it).')
         return results
