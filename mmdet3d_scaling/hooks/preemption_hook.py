@@ -127,9 +127,16 @@ class PreemptionHook(Hook):
         self._previous = {}
 
     # ------------------------------------------------------------------- hooks
+    def before_run(self, runner) -> None:
+        """Install the signal handlers before a training run loads its checkpoint
+        (ScalingRunner; mmengine's Runner: at ``before_train``). ``val()`` / ``test()``
+        keep the usual signal behaviour."""
+        if getattr(runner, 'train_loop_built', False):
+            self._install()
+
     def before_train(self, runner) -> None:
-        """Install the signal handlers; continue a resumed epoch where it stopped."""
-        self._install()
+        """Continue a resumed epoch where it stopped."""
+        self._install()  # a no-op when before_run installed them
         self._continue_epoch(runner)
 
     def before_train_epoch(self, runner) -> None:
@@ -141,6 +148,10 @@ class PreemptionHook(Hook):
         if self._received is not None:
             print_log(f'PreemptionHook: {signal.Signals(self._received).name} arrived '
                       'at the end of the run; it finished normally.', logger='current')
+        self._restore()
+
+    def after_run(self, runner) -> None:
+        """Put the previous signal handlers back (if after_train did not)."""
         self._restore()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None,

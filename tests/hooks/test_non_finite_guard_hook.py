@@ -34,8 +34,8 @@ DEMO_CONFIG = osp.join(REPO, 'configs', 'demo', 'pointpillars_synthetic_kitti_cp
 
 
 def _poison_intensities(root: str, share: float = 0.05) -> list:
-    """NaN into ``share`` of the intensities of every training point file."""
-    files = sorted(glob.glob(osp.join(root, 'training', 'velodyne', '*.bin')))
+    """NaN into ``share`` of the intensities of every point file the config reads."""
+    files = sorted(glob.glob(osp.join(root, 'training', 'velodyne_reduced', '*.bin')))
     rng = np.random.default_rng(0)
     for path in files:
         points = np.fromfile(path, dtype=np.float32).reshape(-1, 4)
@@ -60,7 +60,8 @@ def test_nan_points_stop_the_demo_at_iteration_1(nan_workspace):
     done = subprocess.run(
         [sys.executable, osp.join(REPO, 'tools', 'train.py'), DEMO_CONFIG, '--work-dir',
          work, '--cfg-options', 'train_cfg.max_iters=3', 'train_dataloader.batch_size=2',
-         'train_dataloader.num_workers=0', 'default_hooks.checkpoint.interval=1'],
+         'train_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
+         'default_hooks.checkpoint.interval=1'],
         cwd=str(root), env=dict(os.environ, PYTHONPATH=REPO), capture_output=True,
         text=True, timeout=600)
     out = done.stdout + done.stderr
