@@ -132,10 +132,15 @@ class NonFiniteGuardHook(Hook):
             and getattr(wrapper, 'grad_name', None) == 'grad_norm')
 
     # ------------------------------------------------------------------ checks
+    def before_train_iter(self, runner, batch_idx: int,
+                          data_batch: DATA_BATCH = None) -> None:
+        """Count this iteration's optimizer steps only (not e.g. batch size trials)."""
+        self._steps_taken = 0
+
     def after_train_iter(self, runner, batch_idx: int, data_batch: DATA_BATCH = None,
                          outputs: Optional[dict] = None) -> None:
         """Raise :class:`NonFiniteError` if this iteration produced a non-finite value."""
-        taken, self._steps_taken = self._steps_taken, 0
+        taken = self._steps_taken
         bad: Dict[str, float] = {}
         if self.check_loss:
             bad.update(self._bad_losses(runner, outputs))
