@@ -8,8 +8,10 @@ optimizer-step boundary every rank agrees to stop, rank 0 saves a checkpoint tha
 records the sample position inside the epoch, and the run ends with exit code 0, ready
 for a requeue with ``--resume``.
 """
+import atexit
 import logging
 import math
+import multiprocessing
 import os.path as osp
 import signal
 import threading
@@ -31,6 +33,48 @@ DATA_BATCH = Optional[Union[dict, tuple, list]]
 #: checkpoint['meta'][POSITION_KEY]: where in its epoch the checkpoint was taken
 POSITION_KEY = 'sample_position'
 _UNCATCHABLE = ('SIGKILL', 'SIGSTOP')
+
+
+class _WorkersIgnore:
+    """``worker_init_fn`` wrapper: the worker ignores ``signals`` while its main
+    process lives on, then runs ``init``.
+
+    A signal sent to the whole process group must not end the workers (torch's own
+    worker handler ends them on SIGTERM, and the main process then fails with
+    "DataLoader worker ... is killed by signal"). Once the main process exits, its
+    ``atexit`` sets ``exiting`` before multiprocessing terminates daemonic children
+    with SIGTERM, and a worker then ends as usual. A class (not a closure) so that
+    spawned workers can unpickle it.
+    """
+
+    def __init__(self, signals: Sequence[int], init: Optional[Any], exiting: Any) -> None:
+        self.signals, self.init, self.exiting = list(signals), init, exiting
+
+    def __call__(self, worker_id: int) -> None:
+        for signum in self.signals:
+            signal.signal(signum, self._on_signal)
+        if self.init is not None:
+            self.init(worker_id)
+
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        if self.exiting.value:  # the main process ends: end as without this wrapper
+            signal.signal(signum, signal.SIG_DFL)
+            signal.raise_signal(signum)
+
+
+_EXITING: Any = None  # set at the main process's exit, read by the loader workers
+
+
+def _exiting_flag() -> Any:
+    global _EXITING
+    if _EXITING is None:
+        _EXITING = multiprocessing.Value('b', 0, lock=False)
+        atexit.register(_set_exiting)  # runs before multiprocessing's own (LIFO)
+    return _EXITING
+
+
+def _set_exiting() -> None:
+    _EXITING.value = 1
 
 
 class Preempted(SystemExit):
@@ -72,9 +116,11 @@ class PreemptionHook(Hook):
       by the resumed iteration count. A different world size or batch size at resume
       skips the same number of samples of the epoch (rounded up to whole samples per
       rank, with a warning when it does not divide).
-    - Dataloader workers started by fork inherit the handler, so a signal sent to the
-      whole process group (Slurm, ``kill -- -PGID``) does not kill them under the
-      main process.
+    - Train dataloader workers ignore these signals (torch's own workers die on
+      SIGTERM, which then fails the main process), so a signal sent to the whole
+      process group (Slurm, ``kill -- -PGID``) reaches only the main process's
+      handler. An iteration-based loop started its workers before the hook ran;
+      ScalingRunner starts them again (once, at the start of training).
 
     Args:
         signals (Sequence[str]): names of the signals that request a stop. Defaults to
@@ -133,6 +179,27 @@ class PreemptionHook(Hook):
         keep the usual signal behaviour."""
         if getattr(runner, 'train_loop_built', False):
             self._install()
+            self._shield_workers(runner)
+
+    def _shield_workers(self, runner) -> None:
+        """Loader workers ignore the signals (torch's workers die on SIGTERM, and the
+        main process then fails with "DataLoader worker ... is killed by signal")."""
+        loader = runner.train_loop.dataloader
+        if not getattr(loader, 'num_workers', 0) or not self._previous \
+                or isinstance(loader.worker_init_fn, _WorkersIgnore):
+            return
+        loader.worker_init_fn = _WorkersIgnore(self.signals, loader.worker_init_fn,
+                                               _exiting_flag())
+        if isinstance(runner.train_loop, IterBasedTrainLoop):
+            # its workers started with the loop, before this hook: start them again
+            if hasattr(runner, 'restart_train_workers'):
+                runner.restart_train_workers()
+            else:
+                print_log('PreemptionHook: the train loader\'s workers started before '
+                          'this hook (mmengine Runner, iteration-based loop): a signal '
+                          'sent to the whole process group ends them and the run; '
+                          "runner_type='ScalingRunner' restarts them.",
+                          logger='current', level=logging.WARNING)
 
     def before_train(self, runner) -> None:
         """Continue a resumed epoch where it stopped."""
