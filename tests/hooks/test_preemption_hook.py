@@ -153,12 +153,12 @@ Runner.from_cfg(Config.fromfile({config!r})).train()
 """
 
 
-def start(cfg: Config, tmp_path, name: str) -> subprocess.Popen:
+def start(cfg: Config, tmp_path, name: str, **popen) -> subprocess.Popen:
     config = str(tmp_path / f'{name}.py')
     cfg.dump(config)
     return subprocess.Popen([sys.executable, '-c', RUN.format(root=ROOT, config=config)],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+                            text=True, **popen)
 
 
 def resume(work: str, record: str, **kwargs) -> Runner:
@@ -243,6 +243,27 @@ def test_sigusr1_from_outside_in_an_iteration_loop(tmp_path):
     assert resumed.iter == 12
     assert Counter(samples(records(run))) == Counter(samples(records(ref)))
     assert_same_weights(resumed, whole)
+
+
+def test_sigterm_to_the_process_group_spares_the_loader_workers(tmp_path):
+    # Slurm signals every process of a step: the loader worker too (torch's workers die
+    # on SIGTERM, and the main process then fails "DataLoader worker ... killed")
+    marker, work, run = str(tmp_path / 'reached'), str(tmp_path / 'work'), str(tmp_path / 'run')
+    loader = dict(dataset=dict(type='PRIndexedDataset', length=16), batch_size=2,
+                  num_workers=1, persistent_workers=True,
+                  sampler=dict(type='DefaultSampler', shuffle=True),
+                  collate_fn=dict(type='default_collate'))
+    slow = dict(type='PRSignalAt', at=2, marker=marker, wait_s=0.5)
+    proc = start(pr_cfg(work, run, iters=12, hooks=[slow], train_dataloader=loader),
+                 tmp_path, 'group', start_new_session=True)
+    deadline = time.monotonic() + 240
+    while not osp.exists(marker) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGTERM)  # the child leads its own process group
+    log, _ = proc.communicate(timeout=300)  # and ends: no worker left to wait for
+    assert proc.returncode == 0, log[-3000:]
+    assert 'PreemptionHook: SIGTERM received: saved ' in log
+    assert 'killed by signal' not in log
 
 
 def test_signal_while_saving_nothing_runs_the_previous_handler_on_repeat(tmp_path):
