@@ -204,6 +204,7 @@ class PreemptionHook(Hook):
     def before_train(self, runner) -> None:
         """Continue a resumed epoch where it stopped."""
         self._install()  # a no-op when before_run installed them
+        self._shield_workers(runner)
         self._continue_epoch(runner)
 
     def before_train_epoch(self, runner) -> None:
