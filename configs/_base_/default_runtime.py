@@ -15,6 +15,10 @@ env_cfg = dict(
     # nccl on GPUs; on a CPU-only machine the plugin switches to gloo
     dist_cfg=dict(backend='nccl'))
 
+# Stop at the first NaN / inf loss or gradient norm, naming the samples; on SIGTERM /
+# SIGUSR1 save a checkpoint at the next optimizer step and exit 0 (docs/hooks.md).
+custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]
+
 log_processor = dict(type='LogProcessor', window_size=50, by_epoch=True)
 
 # LocalVisBackend writes the JSON scalar log (read by tools/analysis/plot_gpu_monitor.py).

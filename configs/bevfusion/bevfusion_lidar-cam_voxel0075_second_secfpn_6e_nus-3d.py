@@ -152,4 +152,5 @@ auto_scale_lr = dict(enable=False, base_batch_size=32)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(type='CheckpointHook', interval=1))
-custom_hooks = []  # no ObjectSample in this pipeline, nothing to disable
+# no ObjectSample in this pipeline, nothing to disable
+custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]

@@ -130,7 +130,8 @@ train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters=max_iters,
                  val_interval=max_iters)
 auto_scale_lr = dict(enable=False, base_batch_size=2)
 
-custom_hooks = []  # iteration-based: ObjectSample stays on (no epoch to switch at)
+# iteration-based: ObjectSample stays on (no epoch to switch at)
+custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters))

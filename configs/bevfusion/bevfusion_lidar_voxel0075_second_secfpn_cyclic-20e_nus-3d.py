@@ -272,7 +272,8 @@ log_processor = dict(window_size=50)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=50),
     checkpoint=dict(type='CheckpointHook', interval=5))
-custom_hooks = [dict(type='DisableObjectSampleHook', disable_after_epoch=15)]
+custom_hooks = [dict(type='DisableObjectSampleHook', disable_after_epoch=15),
+                dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]
 # TF32 fp32 matrix products (sparse convolutions, attention in the TransFusion head), as
 # PyTorch < 1.12 did by default when the official models were trained.
 float32_matmul_precision = 'high'

@@ -13,4 +13,5 @@ scaling = dict(total_batch_size=8, base_batch_size=4, lr_scaling='linear',
                max_per_gpu_batch_size=2)
 train_dataloader = dict(batch_size=2)
 distributed = dict(sync_bn='torch')  # a single process keeps plain BN
-custom_hooks = [dict(type='GPUMonitorHook')]
+custom_hooks = [dict(type='GPUMonitorHook'), dict(type='NonFiniteGuardHook'),
+                dict(type='PreemptionHook')]

@@ -26,3 +26,5 @@ distributed = dict(sync_bn='allreduce')
 # TF32 by PyTorch's default) and cuDNN autotuning (the BEV backbone's shapes are fixed).
 float32_matmul_precision = 'high'
 env_cfg = dict(cudnn_benchmark=True)
+# NaN / inf guard and preemption-safe saves (docs/hooks.md)
+custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]

@@ -77,4 +77,5 @@ default_hooks = dict(
     logger=dict(interval=10),
     checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters))
 log_processor = dict(by_epoch=False)
-custom_hooks = [dict(type='GPUMonitorHook')]
+custom_hooks = [dict(type='GPUMonitorHook'), dict(type='NonFiniteGuardHook'),
+                dict(type='PreemptionHook')]

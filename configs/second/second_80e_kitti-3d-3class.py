@@ -14,3 +14,5 @@ scaling = dict(total_batch_size=48, base_batch_size=48, lr_scaling='linear',
 # Stated explicitly (48 = 8 x 6 matches this recipe); the scaling key owns the LR.
 auto_scale_lr = dict(enable=False, base_batch_size=48)
 distributed = dict(sync_bn='torch')  # a single process keeps plain BN
+# NaN / inf guard and preemption-safe saves (docs/hooks.md)
+custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]

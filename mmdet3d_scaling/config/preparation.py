@@ -21,6 +21,7 @@ from .fastest_fit import configure_fastest_fit
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import check_matmul_precision
 from .scaling_recipe import accumulation_in_force, apply_scaling_recipe, planned
+from .preemption import use_resumable_sampler
 
 #: top-level keys that only this plugin reads (mmengine ignores them)
 PLUGIN_KEYS = ('scaling', 'optimizer_config', 'fp16', 'amp', 'distributed',
@@ -79,4 +80,5 @@ def prepare_config(cfg: Config) -> Config:
     translate_amp_config(cfg)  # mmcv 1.x fp16, plugin amp
     apply_scaling_recipe(cfg, world, plan)  # after accumulation translation
     configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
+    use_resumable_sampler(cfg)  # PreemptionHook: a resumed epoch skips trained samples
     return cfg

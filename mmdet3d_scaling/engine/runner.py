@@ -208,7 +208,17 @@ class ScalingRunner(Runner):
         self.logger.info(f'{reason}:\n' + format_plan(plan))
         self._convert_bn_momentum(plan)
 
-    def _rebuild_train_dataloader(self, batch_size: int) -> None:
+    def restart_train_workers(self) -> None:
+        """Build the train dataloader again (same settings, same sample order and the
+        current ``worker_init_fn``), so that its workers start now: iteration-based
+        loops start them when the loop is built, before any hook ran (PreemptionHook
+        changes how workers treat signals)."""
+        loader = self.train_dataloader
+        if getattr(loader, 'num_workers', 0):
+            self._rebuild_train_dataloader(loader.batch_size, loader.worker_init_fn)
+
+    def _rebuild_train_dataloader(self, batch_size: int,
+                                  worker_init_fn: Optional[Any] = None) -> None:
         loop = self.train_loop
         loader_cfg = self._train_dataloader
         if not isinstance(loader_cfg, dict):
@@ -223,6 +233,8 @@ class ScalingRunner(Runner):
         diff_rank_seed = self._randomness_cfg.get('diff_rank_seed', False)
         loop.dataloader = self.build_dataloader(
             loader_cfg, seed=self.seed, diff_rank_seed=diff_rank_seed)
+        if worker_init_fn is not None:  # before the iterator below starts the workers
+            loop.dataloader.worker_init_fn = worker_init_fn
         if isinstance(loop, IterBasedTrainLoop):
             loop.dataloader_iterator = _InfiniteDataloaderIterator(loop.dataloader)
 

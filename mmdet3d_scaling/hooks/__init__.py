@@ -7,3 +7,5 @@ from .scaling_plan_hook import ScalingPlanHook  # noqa: F401
 from .auto_batch_size_hook import AutoBatchSizeHook  # noqa: F401
 from .fastest_fit_hook import FastestFitHook  # noqa: F401
 from .garbage_collection_hook import GarbageCollectionHook  # noqa: F401
+from .non_finite_guard_hook import NonFiniteGuardHook  # noqa: F401
+from .preemption_hook import PreemptionHook  # noqa: F401
