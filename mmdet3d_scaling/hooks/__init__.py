@@ -5,3 +5,4 @@ from .optimizer_step_param_scheduler_hook import OptimizerStepParamSchedulerHook
 from .scaling_plan_hook import ScalingPlanHook  # noqa: F401
 from .auto_batch_size_hook import AutoBatchSizeHook  # noqa: F401
 from .garbage_collection_hook import GarbageCollectionHook  # noqa: F401
+from .hang_doctor_hook import HangDoctorHook  # noqa: F401
