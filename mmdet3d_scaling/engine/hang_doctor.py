@@ -359,7 +359,7 @@ class HangDoctor:
         if not gone:
             return None
         return (f'hang doctor (rank {self.rank}): rank(s) {_ranks(gone)} stopped sending '
-                f'heartbeats (process dead or node lost): '
+                f'heartbeats (process dead or node lost); last heard: '
                 + '; '.join(_describe(r, second.get(r) or first.get(r)) for r in gone))
 
 

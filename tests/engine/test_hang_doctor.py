@@ -27,6 +27,7 @@ SLEEPY_CONFIG = '''
 custom_imports = dict(imports=['mmdet3d_scaling', 'tests.engine.sleepy_toy'],
                       allow_failed_imports=False)
 runner_type = 'ScalingRunner'
+default_scope = 'mmdet3d'  # the plugin's hooks are registered in mmdet3d's registries
 model = dict(type='SleepyToyRegressor', sleep_rank=1, at_call=3)
 train_dataloader = dict(
     dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=0,

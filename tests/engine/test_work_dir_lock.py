@@ -9,11 +9,21 @@ from mmdet3d_scaling.engine.work_dir_lock import (WorkDirLock, _process_start_ti
                                                   why_not_running)
 
 
+def _wait_for_exec(pid: int) -> None:
+    """Until the child runs its program (right after fork its command line is empty)."""
+    for _ in range(100):
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            if b'sleep' in f.read():
+                return
+        time.sleep(0.1)
+
+
 def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path, capsys):
     # a live program holds the pid that the lock names; the lock's start ticks are
     # those of an earlier process (the crashed holder), so the pid was reused
     other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
     try:
+        _wait_for_exec(other.pid)
         ticks = _process_start_ticks(other.pid)
         assert ticks is not None
         (tmp_path / '.train.lock').write_text(json.dumps(dict(
