@@ -3,22 +3,19 @@
 - 2 ranks, rank 1 sleeps inside its training step: within the doctor's time (10 s here,
   far below the 5-minute collective timeout that would otherwise end the run) rank 1 is
   named as behind, every rank logs its Python stack, the job exits non-zero and no
-  process of the launch is left;
+  process of the launch (torchrun, its workers) is left;
 - the diagnosis itself (which rank is behind) from published records;
 - the config key: defaults, validation, the hook it adds.
 """
-import os
 import os.path as osp
-import signal
-import subprocess
 import sys
-import time
 
 import pytest
 from mmengine.config import Config
 
 from mmdet3d_scaling.config.distributed import configure_distributed
 from mmdet3d_scaling.engine.hang_doctor import EXIT_CODE, ranks_behind
+from tests.launches import Launch, launch_env
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TRAIN = osp.join(REPO, 'tools', 'train.py')
@@ -42,59 +39,16 @@ log_level = 'INFO'
 '''
 
 
-def launch_env(**extra) -> dict:
-    """This environment without any launcher's variables; CPU ranks; ``extra``."""
-    drop = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'PORT',
-            'NNODES', 'NODE_RANK')
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(('SLURM_', 'OMPI_', 'PMI_', 'TORCHELASTIC'))}
-    env.update(OMP_NUM_THREADS='1', PYTHONPATH=REPO, PYTHON=sys.executable,
-               CUDA_VISIBLE_DEVICES='')
-    env.update(extra)
-    return env
-
-
-def session_processes(sid: int) -> list:
-    """Pids of the processes still in session ``sid`` (a launch started in its own)."""
-    pids = []
-    for name in os.listdir('/proc'):
-        if name.isdigit():
-            try:
-                if os.getsid(int(name)) == sid:
-                    pids.append(int(name))
-            except OSError:
-                pass
-    return pids
-
-
-def wait_for_session_end(sid: int, grace_s: float = 30.0) -> list:
-    """The processes of session ``sid`` left after up to ``grace_s`` (dying ones leave);
-    any left are killed so that the test leaves nothing running."""
-    deadline = time.monotonic() + grace_s
-    while session_processes(sid) and time.monotonic() < deadline:
-        time.sleep(0.5)
-    left = session_processes(sid)
-    if left:
-        os.killpg(sid, signal.SIGKILL)
-    return left
-
-
 def test_a_rank_asleep_in_its_step_is_named_and_every_process_exits(tmp_path):
     config = tmp_path / 'sleepy.py'
     config.write_text(SLEEPY_CONFIG)
     work = tmp_path / 'work'
-    proc = subprocess.Popen(
-        [sys.executable, '-m', 'torch.distributed.run', '--standalone',
-         '--nproc_per_node=2', TRAIN, str(config), '--launcher', 'pytorch',
-         '--work-dir', str(work)],
-        cwd=tmp_path, env=launch_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, start_new_session=True)
-    try:  # the collective timeout (5 min) would end it later than this
-        log = proc.communicate(timeout=240)[0]
-    finally:
-        left = wait_for_session_end(proc.pid)
-    assert proc.returncode != 0, log[-4000:]
-    assert left == [], f'processes left running: {left}'
+    launch = Launch([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                     '--nproc_per_node=2', TRAIN, str(config), '--launcher', 'pytorch',
+                     '--work-dir', str(work)], cwd=tmp_path, env=launch_env())
+    log = launch.finish(timeout=240)  # the collective timeout (5 min) would be later
+    assert launch.proc.returncode != 0, log[-4000:]
+    assert len(launch.tree) >= 3  # torchrun and its 2 workers: all ended (finish)
     # the firing rank names rank 1 and why; every rank logs its stack
     assert 'rank(s) behind: 1 (' in log, log[-6000:]
     assert 'limit distributed.hang_timeout_s=10' in log

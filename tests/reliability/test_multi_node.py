@@ -1,5 +1,7 @@
 """Two nodes on one host: two ``tools/dist_train.sh`` launches with ``NNODES=2`` (gloo,
-CPU, the demo PointPillars config on a few synthetic KITTI frames).
+CPU, the demo PointPillars config on a few synthetic KITTI frames, its training pipeline
+without the database sampling and rotation whose numba kernels compile for ~20 s in
+every process).
 
 - both nodes train one job: the checkpoints are written once (global rank 0), the work
   dir they share has one lock holder for the job, the start-up lines (plugin keys, patch
@@ -12,17 +14,12 @@ CPU, the demo PointPillars config on a few synthetic KITTI frames).
 """
 import os
 import os.path as osp
-import signal
 import socket
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
 from mmdet3d_scaling.datasets.synthetic.kitti import write_kitti
-from tests.engine.test_hang_doctor import launch_env, wait_for_session_end
+from tests.launches import Launch, launch_env
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DIST_TRAIN = osp.join(REPO, 'tools', 'dist_train.sh')
@@ -37,6 +34,18 @@ OPTIONS = ['scaling.total_batch_size=4', 'scaling.base_batch_size=4',
            'val_dataloader.num_workers=0', 'val_dataloader.persistent_workers=False',
            'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False']
 PLAN = '4 = 2 x 1 x 2'
+LIGHT = f'''
+_base_ = [{DEMO!r}]
+point_cloud_range = [0, -20.48, -3, 40.96, 20.48, 1]
+train_pipeline = [
+    dict(type='LoadPointsFromFile', coord_type='LIDAR', load_dim=4, use_dim=4),
+    dict(type='LoadAnnotations3D', with_bbox_3d=True, with_label_3d=True),
+    dict(type='PointsRangeFilter', point_cloud_range=point_cloud_range),
+    dict(type='ObjectRangeFilter', point_cloud_range=point_cloud_range),
+    dict(type='Pack3DDetInputs', keys=['points', 'gt_labels_3d', 'gt_bboxes_3d'])
+]
+train_dataloader = dict(dataset=dict(dataset=dict(pipeline=train_pipeline)))
+'''
 
 
 @pytest.fixture(scope='module')
@@ -45,6 +54,7 @@ def workspace(tmp_path_factory):
     root = tmp_path_factory.mktemp('nodes')
     write_kitti(str(root / 'data' / 'synthetic_kitti'), train_frames=4, val_frames=1,
                 seed=0, progress=False)
+    (root / 'demo_light.py').write_text(LIGHT)
     return root
 
 
@@ -54,41 +64,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-class Node:
-    """One ``dist_train.sh`` launch in its own session; output collected as it comes."""
-
-    def __init__(self, cwd, args, **env):
-        self.proc = subprocess.Popen(['bash', DIST_TRAIN, DEMO, *args], cwd=cwd,
-                                     env=launch_env(**env), stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True,
-                                     start_new_session=True)
-        self.lines = []
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    @property
-    def log(self) -> str:
-        return ''.join(self.lines)
-
-    def wait_for(self, text: str, timeout: float = 240) -> None:
-        deadline = time.monotonic() + timeout
-        while text not in self.log:
-            assert self.proc.poll() is None, self.log[-4000:]
-            assert time.monotonic() < deadline, f'no {text!r} in:\n{self.log[-4000:]}'
-            time.sleep(0.2)
-
-    def finish(self, timeout: float = 300) -> str:
-        try:
-            self.proc.wait(timeout=timeout)
-        finally:
-            left = wait_for_session_end(self.proc.pid)
-            self._reader.join(timeout=10)
-        assert left == [], f'processes left running: {left}'
-        return self.log
+def Node(cwd, args, **env) -> Launch:
+    """One ``dist_train.sh`` launch of the light demo config."""
+    return Launch(['bash', DIST_TRAIN, 'demo_light.py', *args], cwd, launch_env(**env))
 
 
 def _two_nodes(cwd, args, port, nproc=1):
@@ -96,13 +74,20 @@ def _two_nodes(cwd, args, port, nproc=1):
                  MASTER_ADDR='127.0.0.1', PORT=str(port)) for rank in range(2)]
 
 
-def test_two_nodes_train_once_then_resume_on_one_node_with_the_recipe(workspace):
+@pytest.fixture(scope='module')
+def two_node_run(workspace):
+    """The work dir and both nodes' logs of one job trained on two nodes (1 process each)."""
     work = workspace / 'work'
     nodes = _two_nodes(workspace, ['--work-dir', str(work), '--cfg-options', *OPTIONS],
                        _free_port())
     logs = [node.finish() for node in nodes]
     for node, log in zip(nodes, logs):
         assert node.proc.returncode == 0, log[-4000:]
+    return work, logs
+
+
+def test_two_nodes_train_one_job_with_one_writer(two_node_run):
+    work, logs = two_node_run
     both = ''.join(logs)
     assert sorted(f for f in os.listdir(work) if f.endswith('.pth')) == \
         ['iter_2.pth', 'iter_4.pth']
@@ -112,12 +97,15 @@ def test_two_nodes_train_once_then_resume_on_one_node_with_the_recipe(workspace)
     assert PLAN in logs[0]  # the plan for the world of 2 nodes x 1
     assert 'WorkDirLockedError' not in both
     assert not (work / '.train.lock').exists()  # one holder (global rank 0), released
-    # one node x 2 processes: same world size, the recipe resumes unchanged
+
+
+def test_two_node_checkpoint_resumes_on_one_node_with_the_recipe(workspace, two_node_run):
+    work, _ = two_node_run
     resume = Node(workspace, ['2', '--work-dir', str(work), '--resume', '--cfg-options',
                               *OPTIONS[:3], 'train_cfg.max_iters=3', *OPTIONS[4:]])
     log = resume.finish()
     assert resume.proc.returncode == 0, log[-4000:]
-    assert PLAN in log
+    assert PLAN in log  # one node x 2 processes: the same plan
     assert 'resumed epoch: 0, iter: 4' in log
     assert 'effective batch changed' not in log and 'resuming a checkpoint saved' not in log
     assert osp.isfile(work / 'iter_6.pth')
@@ -135,9 +123,9 @@ def test_killing_one_node_stops_the_other_within_the_doctor_time(workspace):
         survivor.wait_for('Iter(train) [')  # both nodes train
     except AssertionError:
         for node in nodes:
-            os.killpg(node.proc.pid, signal.SIGKILL)
+            node.kill()
         raise
-    os.killpg(victim.proc.pid, signal.SIGKILL)  # node 1: torchrun and its workers
+    victim.kill()  # node 1 dies: its torchrun and its worker, SIGKILL
     victim.finish()
     log = survivor.finish(timeout=240)  # the collective timeout (5 min) is later
     assert survivor.proc.returncode != 0
