@@ -143,17 +143,27 @@ def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _configure_hang_doctor(cfg: Config, options: Dict[str, Any]) -> None:
-    """``HangDoctorHook`` in ``custom_hooks`` (unless there already), timeout checked."""
-    seconds = options.get('hang_timeout_s', DEFAULTS['hang_timeout_s'])
-    if seconds is None:
-        return
+    """``HangDoctorHook`` in ``custom_hooks`` (unless there already), timeout checked.
+
+    Without ``hang_timeout_s`` the doctor waits 300 s, or half the collective timeout
+    where that is shorter; a value given that is not below it is an error.
+    """
     collective = cfg.env_cfg.dist_cfg.get('timeout')
-    if collective is not None and seconds >= collective:
-        raise ValueError(
-            f'distributed.hang_timeout_s={seconds} s is not below the collective timeout '
-            f'({collective} s, distributed.timeout_minutes / env_cfg.dist_cfg.timeout): '
-            'the collective would fail first, without naming the rank behind. Lower it, '
-            'or set it to None to turn the hang doctor off.')
+    if 'hang_timeout_s' in options:
+        seconds = options['hang_timeout_s']
+        if seconds is None:
+            return
+        if collective is not None and seconds >= collective:
+            raise ValueError(
+                f'distributed.hang_timeout_s={seconds} s is not below the collective '
+                f'timeout ({collective} s, distributed.timeout_minutes / '
+                'env_cfg.dist_cfg.timeout): the collective would fail first, without '
+                'naming the rank behind. Lower it, or set it to None to turn the hang '
+                'doctor off.')
+    else:
+        seconds = DEFAULTS['hang_timeout_s']
+        if collective is not None and seconds >= collective:
+            seconds = collective / 2
     hooks = list(cfg.get('custom_hooks') or [])
     if any(str(h.get('type', '')).split('.')[-1] == HANG_DOCTOR for h in hooks):
         return  # configured by hand

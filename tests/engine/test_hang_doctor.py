@@ -88,6 +88,8 @@ def test_hang_doctor_key_adds_the_hook_with_its_timeout():
     assert dict(type='HangDoctorHook', timeout_s=300) in cfg.custom_hooks
     cfg = configure_distributed(_distributed_cfg(hang_timeout_s=42))
     assert dict(type='HangDoctorHook', timeout_s=42) in cfg.custom_hooks
+    cfg = configure_distributed(_distributed_cfg(timeout_minutes=3))  # 300 s >= 180 s
+    assert dict(type='HangDoctorHook', timeout_s=90) in cfg.custom_hooks
     cfg = configure_distributed(_distributed_cfg(hang_timeout_s=None))
     assert not cfg.get('custom_hooks')
     single = Config(dict(launcher='none', distributed=dict()))
