@@ -1,9 +1,12 @@
 """The work-dir lock when the holder's pid now belongs to another program."""
 import json
+import logging
 import socket
 import subprocess
 import sys
 import time
+
+from mmengine.logging import MMLogger
 
 from mmdet3d_scaling.engine.work_dir_lock import (WorkDirLock, _process_start_ticks,
                                                   why_not_running)
@@ -18,7 +21,7 @@ def _wait_for_exec(pid: int) -> None:
         time.sleep(0.1)
 
 
-def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path, capsys):
+def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path):
     # a live program holds the pid that the lock names; the lock's start ticks are
     # those of an earlier process (the crashed holder), so the pid was reused
     other = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
@@ -34,12 +37,19 @@ def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path, ca
                                  f'{other.pid} now belongs to another program (')
         assert 'time.sleep(120)' in reason  # the program that has the pid now
         assert 'not running' not in reason
-        lock = WorkDirLock(str(tmp_path)).acquire()
+        logger, seen = MMLogger.get_current_instance(), []
+        keep = logging.Handler()
+        keep.emit = lambda record: seen.append(record.getMessage())
+        logger.addHandler(keep)
+        try:
+            lock = WorkDirLock(str(tmp_path)).acquire()
+        finally:
+            logger.removeHandler(keep)
         try:
             assert json.loads((tmp_path / '.train.lock').read_text())['pid'] != other.pid
         finally:
             lock.release()
-        log = capsys.readouterr().out
+        log = '\n'.join(seen)
         assert f'taking over the stale lock of pid {other.pid}' in log
         assert 'now belongs to another program' in log
         assert other.poll() is None  # the other program is untouched
