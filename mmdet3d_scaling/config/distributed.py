@@ -14,6 +14,7 @@
         timeout_minutes=60,            # collective timeout (env_cfg.dist_cfg.timeout)
         detect_anomalous_params=False, # mmengine's per-iteration graph check (debug)
         cpu_affinity=None,             # None (as launched) | 'split': CPUs per local rank
+        hang_timeout_s=300,            # hang doctor: seconds without progress; None: off
     )
 
 Only a config with a ``distributed`` key gets the plugin's wrapper
@@ -26,6 +27,11 @@ a typo fails on a laptop, not on the cluster.
 loader workers start: each local rank of a host (``LOCAL_RANK`` of ``LOCAL_WORLD_SIZE``,
 set by torchrun) keeps a disjoint share of the CPUs it was started with, whole cores and
 one NUMA node where that costs no rank a CPU (``parallel/cpu_affinity.py``).
+
+``hang_timeout_s`` (distributed runs): a ``HangDoctorHook`` watches every rank; a rank
+without progress, or a peer without heartbeat, for that long stops the job with every
+rank's stack and the rank(s) behind named, instead of waiting for the collective timeout
+(``engine/hang_doctor.py``). It must be below the collective timeout.
 """
 import os
 from typing import Any, Dict
@@ -45,7 +51,8 @@ DEFAULTS: Dict[str, Any] = dict(
     find_unused_parameters=False, static_graph=False, gradient_as_bucket_view=False,
     bucket_cap_mb=25, broadcast_buffers=False, comm_compression=None, sync_bn=None,
     sync_bn_scope=None, timeout_minutes=60, detect_anomalous_params=False,
-    cpu_affinity=None)
+    cpu_affinity=None, hang_timeout_s=300)
+HANG_DOCTOR = 'HangDoctorHook'
 _WRAPPER_KEYS = ('find_unused_parameters', 'static_graph', 'gradient_as_bucket_view',
                  'bucket_cap_mb', 'broadcast_buffers', 'comm_compression', 'sync_bn',
                  'sync_bn_scope', 'detect_anomalous_params')
@@ -79,7 +86,7 @@ def validate_options(options: Dict[str, Any]) -> None:
         check_scope_format(options.get('sync_bn_scope'))
     except ValueError as exc:
         raise ValueError(f'distributed.{exc}') from None
-    for key in ('bucket_cap_mb', 'timeout_minutes'):
+    for key in ('bucket_cap_mb', 'timeout_minutes', 'hang_timeout_s'):
         if options.get(key) is not None:
             positive_number(f'distributed.{key}', options[key])
 
@@ -135,6 +142,35 @@ def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
     return wrapper
 
 
+def _configure_hang_doctor(cfg: Config, options: Dict[str, Any]) -> None:
+    """``HangDoctorHook`` in ``custom_hooks`` (unless there already), timeout checked.
+
+    Without ``hang_timeout_s`` the doctor waits 300 s, or half the collective timeout
+    where that is shorter; a value given that is not below it is an error.
+    """
+    collective = cfg.env_cfg.dist_cfg.get('timeout')
+    if 'hang_timeout_s' in options:
+        seconds = options['hang_timeout_s']
+        if seconds is None:
+            return
+        if collective is not None and seconds >= collective:
+            raise ValueError(
+                f'distributed.hang_timeout_s={seconds} s is not below the collective '
+                f'timeout ({collective} s, distributed.timeout_minutes / '
+                'env_cfg.dist_cfg.timeout): the collective would fail first, without '
+                'naming the rank behind. Lower it, or set it to None to turn the hang '
+                'doctor off.')
+    else:
+        seconds = DEFAULTS['hang_timeout_s']
+        if collective is not None and seconds >= collective:
+            seconds = collective / 2
+    hooks = list(cfg.get('custom_hooks') or [])
+    if any(str(h.get('type', '')).split('.')[-1] == HANG_DOCTOR for h in hooks):
+        return  # configured by hand
+    hooks.append(dict(type=HANG_DOCTOR, timeout_s=seconds))
+    cfg.custom_hooks = hooks  # the run turns torch's flight recorder on (run_settings)
+
+
 def configure_distributed(cfg: Config) -> Config:
     """``prepare_config`` step: apply ``cfg.distributed`` (see the module docstring)."""
     options = dict(cfg.get('distributed') or {})
@@ -143,6 +179,7 @@ def configure_distributed(cfg: Config) -> Config:
     if cfg.get('launcher', 'none') == 'none' or cfg.get('distributed') is None:
         return cfg  # no `distributed` key: mmengine's wrapper and timeout, as configured
     _configure_timeout(cfg, options)
+    _configure_hang_doctor(cfg, options)
     kind = (cfg.get('model_wrapper_cfg') or {}).get('type')
     if kind not in _WRAPPER_TYPES:
         if options:

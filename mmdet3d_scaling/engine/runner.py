@@ -35,11 +35,13 @@ from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
 from ..registry import check_replaced_types
 from . import batchnorm_momentum as bn
 from . import checkpoint_match as match
+from .hang_doctor import explain_failure
 from .optim_state import (AccumulationRequest, reset_to_initial, scale_lr,
                           set_accumulation)
 from ..parallel.cpu_affinity import apply_cpu_affinity
 from .run_settings import apply_run_settings
 from .train_length import set_max_iters
+from .startup_log import startup_lines
 from .work_dir_lock import run_locked
 
 
@@ -69,12 +71,14 @@ class ScalingRunner(Runner):
         cfg = copy.deepcopy(cfg)
         check_replaced_types(cfg.to_dict())
         found = plugin_keys(cfg)
-        in_effect = _select_patches(cfg)
-        prepare_config(cfg)
-        apply_run_settings(cfg)
-        print_log(f"ScalingRunner: plugin keys in this config: {', '.join(found) or 'none'}"
-                  f"\npatches in effect:\n{patching.table(in_effect) if in_effect else '  none'}",
-                  logger='current')
+        with startup_lines():  # once per job: global rank 0 (others: DEBUG)
+            in_effect = _select_patches(cfg)
+            prepare_config(cfg)
+            apply_run_settings(cfg)
+            print_log(f"ScalingRunner: plugin keys in this config: "
+                      f"{', '.join(found) or 'none'}\npatches in effect:\n"
+                      f"{patching.table(in_effect) if in_effect else '  none'}",
+                      logger='current')
         return super().from_cfg(cfg)
 
     def __init__(self, *args, **kwargs) -> None:
@@ -113,7 +117,15 @@ class ScalingRunner(Runner):
         self._preflight(*loaders)
         # rank 0 holds WORK_DIR/.train.lock while training: a second live run there is
         # refused (engine/work_dir_lock.py)
-        return run_locked(super().train, self.work_dir, self.rank, self.distributed)
+        return run_locked(self._train_explained, self.work_dir, self.rank,
+                          self.distributed)
+
+    def _train_explained(self):
+        try:
+            return super().train()
+        except BaseException as exc:  # a lost peer: the hang doctor names it
+            explain_failure(self, exc)
+            raise
 
     def val(self) -> Dict[str, Any]:
         self._preflight('val_dataloader')

@@ -30,9 +30,10 @@ def from_cfg(cls, cfg) -> Any:
                   'unchanged.', logger='current')
         return _upstream_from_cfg(cls, cfg)
     from .runner import ScalingRunner
+    from .startup_log import startup_level
     print_log(f"mmdet3d_scaling: the config uses {', '.join(found)}: built by "
               "ScalingRunner (runner_type='ScalingRunner' selects it explicitly).",
-              logger='current')
+              logger='current', level=startup_level())
     return ScalingRunner.from_cfg(cfg)
 
 

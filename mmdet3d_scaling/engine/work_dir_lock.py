@@ -11,7 +11,8 @@ Another run that finds the lock:
 - held by a live process on this host: refused (:class:`WorkDirLockedError` names the
   holder and what to do);
 - held by a process on this host that no longer exists (killed, crashed, or its pid now
-  belongs to another program): the lock is stale; it is taken over with a log line;
+  belongs to another program: the recorded start ticks differ; the log says which): the
+  lock is stale; it is taken over with a log line;
 - held on another host (the liveness of a remote pid cannot be checked): refused unless
   the heartbeat is older than :data:`STALE_AFTER_S` (default 30 minutes, environment
   variable ``MMDET3D_SCALING_LOCK_STALE_S``), then taken over with a log line.
@@ -69,6 +70,30 @@ def pid_alive(pid: int, start_ticks: Optional[int] = None) -> bool:
         if now is not None and now != start_ticks:
             return False  # the pid was reused by another program
     return True
+
+
+def _command_line(pid: int) -> str:
+    try:
+        with open(f'/proc/{pid}/cmdline', 'rb') as f:
+            args = f.read().split(b'\0')
+    except OSError:
+        return '?'
+    text = ' '.join(a.decode(errors='replace') for a in args if a)
+    return text if len(text) <= 120 else text[:117] + '...'
+
+
+def why_not_running(pid: int, start_ticks: Optional[int] = None) -> Optional[str]:
+    """Why process ``pid`` of this host is not the holder any more; None if it is.
+
+    A pid that exists but started at another time than the one recorded was reused by
+    another program after the holder ended: that is said, with the program's command.
+    """
+    if pid_alive(pid, start_ticks):
+        return None
+    if pid_alive(pid):  # exists, but not the process that took the lock
+        return (f'process {pid} that took it has ended; pid {pid} now belongs to another '
+                f'program ({_command_line(pid)}, started at another time than the holder)')
+    return f'process {pid} is not running on this host'
 
 
 def stale_after_s() -> float:
@@ -140,9 +165,7 @@ class WorkDirLock:
         """Why ``holder`` no longer holds the dir, ``None`` while it does."""
         pid = holder.get('pid')
         if holder.get('host') == socket.gethostname() and isinstance(pid, int):
-            if not pid_alive(pid, holder.get('start_ticks')):
-                return f'process {pid} is not running on this host'
-            return None
+            return why_not_running(pid, holder.get('start_ticks'))
         age, limit = self._age(), stale_after_s()
         if age > limit:
             return (f'its heartbeat is {age / 60:.0f} min old (limit {limit / 60:.0f} min, '

@@ -1,0 +1,106 @@
+"""The hang doctor with real torchrun processes (gloo, CPU) and a rank asleep in its step.
+
+- 2 ranks, rank 1 sleeps inside its training step: within the doctor's time (10 s here,
+  far below the 5-minute collective timeout that would otherwise end the run) rank 1 is
+  named as behind, every rank logs its Python stack, the job exits non-zero and no
+  process of the launch (torchrun, its workers) is left;
+- the diagnosis itself (which rank is behind) from published records;
+- the config key: defaults, validation, the hook it adds.
+"""
+import os.path as osp
+import sys
+
+import pytest
+from mmengine.config import Config
+
+from mmdet3d_scaling.config.distributed import configure_distributed
+from mmdet3d_scaling.engine.hang_doctor import EXIT_CODE, ranks_behind
+from tests.launches import Launch, launch_env
+
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+TRAIN = osp.join(REPO, 'tools', 'train.py')
+
+SLEEPY_CONFIG = '''
+custom_imports = dict(imports=['mmdet3d_scaling', 'tests.engine.sleepy_toy'],
+                      allow_failed_imports=False)
+runner_type = 'ScalingRunner'
+default_scope = 'mmdet3d'  # the plugin's hooks are registered in mmdet3d's registries
+model = dict(type='SleepyToyRegressor', sleep_rank=1, at_call=3)
+train_dataloader = dict(
+    dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    collate_fn=dict(type='default_collate'))
+optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01))
+train_cfg = dict(by_epoch=False, max_iters=20)
+default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=100, by_epoch=False))
+env_cfg = dict(dist_cfg=dict(backend='gloo'))
+distributed = dict(hang_timeout_s=10, timeout_minutes=5)
+log_level = 'INFO'
+'''
+
+
+def test_a_rank_asleep_in_its_step_is_named_and_every_process_exits(tmp_path):
+    config = tmp_path / 'sleepy.py'
+    config.write_text(SLEEPY_CONFIG)
+    work = tmp_path / 'work'
+    launch = Launch([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                     '--nproc_per_node=2', TRAIN, str(config), '--launcher', 'pytorch',
+                     '--work-dir', str(work)], cwd=tmp_path, env=launch_env())
+    log = launch.finish(timeout=240)  # the collective timeout (5 min) would be later
+    assert launch.proc.returncode != 0, log[-4000:]
+    assert len(launch.tree) >= 3  # torchrun and its 2 workers: all ended (finish)
+    # the firing rank names rank 1 and why; every rank logs its stack
+    assert 'rank(s) behind: 1 (' in log, log[-6000:]
+    assert 'limit distributed.hang_timeout_s=10' in log
+    assert 'long before the collective timeout (5 min)' in log
+    assert 'Python stack of rank 0 (main thread)' in log
+    assert 'Python stack of rank 1 (main thread)' in log
+    assert 'sleepy_toy.py' in log and 'time.sleep(self.sleep_s)' in log  # rank 1's stack
+    assert "train iteration 3: train_step" in log
+    assert f'Exit code {EXIT_CODE}' in log
+    assert not (work / '.train.lock').exists()  # released before exiting
+
+
+def _record(iteration=3, seq=None, waiting=True):
+    return dict(iteration=iteration, waiting=waiting,
+                collective=None if seq is None else dict(seq=seq, op='gloo:allreduce'))
+
+
+def test_ranks_behind_by_collectives_then_iteration_then_waiting():
+    records = {0: _record(seq=12), 1: _record(seq=10, waiting=False), 2: _record(seq=12)}
+    assert ranks_behind(records)[0] == [1]
+    assert 'fewest collectives issued: #10' in ranks_behind(records)[1]
+    records = {0: _record(iteration=5), 1: _record(iteration=4), 2: _record(iteration=5)}
+    assert ranks_behind(records) == ([1], 'lowest iteration (4)')
+    records = {0: _record(), 1: _record(waiting=False)}
+    assert ranks_behind(records)[0] == [1]
+    behind, why = ranks_behind({0: _record(), 1: _record()})
+    assert behind == [] and 'every rank waits in a collective' in why
+
+
+def _distributed_cfg(**distributed) -> Config:
+    return Config(dict(launcher='pytorch', distributed=distributed,
+                       env_cfg=dict(dist_cfg=dict(backend='gloo'))))
+
+
+def test_hang_doctor_key_adds_the_hook_with_its_timeout():
+    cfg = configure_distributed(_distributed_cfg())
+    assert dict(type='HangDoctorHook', timeout_s=300) in cfg.custom_hooks
+    cfg = configure_distributed(_distributed_cfg(hang_timeout_s=42))
+    assert dict(type='HangDoctorHook', timeout_s=42) in cfg.custom_hooks
+    cfg = configure_distributed(_distributed_cfg(timeout_minutes=3))  # 300 s >= 180 s
+    assert dict(type='HangDoctorHook', timeout_s=90) in cfg.custom_hooks
+    cfg = configure_distributed(_distributed_cfg(hang_timeout_s=None))
+    assert not cfg.get('custom_hooks')
+    single = Config(dict(launcher='none', distributed=dict()))
+    assert not configure_distributed(single).get('custom_hooks')
+
+
+@pytest.mark.parametrize('value, message', [
+    ('5', "distributed.hang_timeout_s must be a positive number"),
+    (0, "distributed.hang_timeout_s must be a positive number"),
+    (3600, 'distributed.hang_timeout_s=3600 s is not below the collective timeout (3600 s'),
+])
+def test_bad_hang_timeout_is_named(value, message):
+    with pytest.raises(ValueError, match=message.replace('(', r'\(')):
+        configure_distributed(_distributed_cfg(hang_timeout_s=value))
