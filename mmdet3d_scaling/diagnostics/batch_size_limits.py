@@ -1,6 +1,6 @@
 """The largest batch that fits with no margin: the auto batch size benchmark's yardstick.
 
-After the search, the benchmark (:mod:`mmdet3d_scaling.batch_size.benchmark`, through
+After the search, the benchmark (:mod:`mmdet3d_scaling.diagnostics.batch_size_benchmark`, through
 :class:`~mmdet3d_scaling.diagnostics.hooks.training_watch.TrainingWatch`) finds the largest
 batch that fits without the search's safety margin (:func:`largest_fitting`, an upper
 bound) and confirms it by training on random batches (:func:`largest_by_training`).

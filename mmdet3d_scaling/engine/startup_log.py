@@ -4,7 +4,7 @@ The plugin's start-up lines (the hand-off, plugin keys, patch table, collective 
 plan hints) are printed while the config is prepared, before the process group exists:
 mmengine's logger then thinks every process is rank 0 and each rank of ``dist_train.sh
 N`` printed them. The rank comes from the launcher's variables instead
-(:func:`mmdet3d_scaling.engine.launcher.launch_rank`).
+(:func:`mmdet3d_scaling.parallel.launcher.launch_rank`).
 """
 import contextlib
 import logging

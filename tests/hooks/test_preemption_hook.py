@@ -30,7 +30,7 @@ import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.datasets import ResumableSampler
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import CHECKPOINT_KEY
 from mmdet3d_scaling.hooks.preemption_hook import POSITION_KEY, Preempted
-from tests.engine.parallel.dist_parts import spawn_checks
+from tests.parallel.dist_parts import spawn_checks
 from tests.toy import ToyDataset, ToyRegressor
 
 ROOT = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))

@@ -13,7 +13,7 @@ from mmdet3d.registry import HOOKS
 
 from ...hooks.auto_batch_size_hook import AutoBatchSizeHook
 from ...registry import register
-from .. import progress
+from ...utils import progress
 from ...batch_size.memory_probe import ModeledMemoryProbe
 from ..batch_size_limits import largest_by_training, largest_fitting, model_and_probe
 
@@ -22,7 +22,7 @@ from ..batch_size_limits import largest_by_training, largest_fitting, model_and_
 class TrainingWatch(Hook):
     """After the search: the no-margin check (printed at once, so a run cut short still
     reports the search and the ratio), then peak memory and time of the training
-    iterations (with a progress bar, :mod:`mmdet3d_scaling.diagnostics.progress`).
+    iterations (with a progress bar, :mod:`mmdet3d_scaling.utils.progress`).
 
     Built by ``tools/benchmark_auto_batch_size.py`` next to ``AutoBatchSizeHook``; the
     benchmark calls :meth:`finish` after training and reads ``check``, ``iters``,

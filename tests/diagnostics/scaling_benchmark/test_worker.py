@@ -24,7 +24,7 @@ spec.loader.exec_module(worker)
 timer = worker.plugin_module('diagnostics.hooks.benchmark_timer_hook').BenchmarkTimerHook
 for name in {hooks!r}:
     worker.plugin_module('diagnostics.hooks.' + name)
-worker.plugin_module('engine.launcher')
+worker.plugin_module('parallel.launcher')
 from mmdet3d.registry import HOOKS
 print(json.dumps(dict(
     modules=sorted(m for m in sys.modules if m.startswith('mmdet3d_scaling')),
