@@ -18,7 +18,7 @@ import mmdet3d_scaling  # noqa: F401  (applies the fixes set)
 from mmdet3d_scaling.patches.fixes import checkpoint as shim
 from tests.toy import toy_runner_cfg
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ import mmdet3d_scaling  # noqa: F401  (applies the fixes set)
 from mmdet3d_scaling.patches.fixes import checkpoint as loader
 from mmdet3d_scaling.patches import patching
 
-REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
+REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 
 _SAVE_UNDER_LIMIT = '''
 import os, resource, signal, sys
