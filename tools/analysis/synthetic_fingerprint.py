@@ -24,7 +24,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--frames', type=int, default=6, help='train frames')
     parser.add_argument('--val-frames', type=int, default=2, help='val frames')
-    parser.add_argument('--seed', type=int, default=0)
+    parser.add_argument('--seed', type=int, default=0,
+                        help='generator seed of the fingerprinted set (default 0)')
     parser.add_argument('--out', help='also write the fingerprint as JSON here')
     args = parser.parse_args()
     result = generate_and_fingerprint(args.frames, args.seed, args.val_frames)
