@@ -26,7 +26,10 @@ def test_is_a_declared_fix_applied_on_import():
 def test_plugin_keys_go_to_scaling_runner(tmp_path):
     runner = Runner.from_cfg(_cfg(tmp_path, float32_matmul_precision='highest',
                                   scaling=dict(total_batch_size=4),
-                                  default_scope='mmdet3d'))  # our hooks' registry
+                                  default_scope='mmdet3d',  # our hooks' registry
+                                  # a name of its own: mmengine reuses the scope of an
+                                  # earlier runner built in the same second
+                                  experiment_name=f'handoff_{tmp_path.name}'))
     assert type(runner) is ScalingRunner
     assert runner.cfg.get('scaling_plan') is not None  # the recipe ran
 
