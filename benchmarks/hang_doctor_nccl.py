@@ -27,22 +27,9 @@ import tempfile
 import time
 
 REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
-CONFIG = '''
-custom_imports = dict(imports=['mmdet3d_scaling', 'tests.engine.sleepy_toy'{extra}],
-                      allow_failed_imports=False)
-runner_type = 'ScalingRunner'
-default_scope = 'mmdet3d'
-model = dict(type='SleepyToyRegressor', sleep_rank=1, at_call=3, sleep_s={sleep_s})
-train_dataloader = dict(
-    dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    collate_fn=dict(type='default_collate'))
-optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01))
-train_cfg = dict(by_epoch=False, max_iters=20)
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=100, by_epoch=False))
-env_cfg = dict(dist_cfg=dict(backend='{backend}'))
-distributed = dict(hang_timeout_s=20, timeout_minutes=10)
-'''
+sys.path.insert(0, REPO)
+
+from tests.engine.sleepy_toy import sleepy_config  # noqa: E402  (the run's config)
 # sleep_s < 0: SleepyToyRegressor kills its process instead (a dead peer)
 KILL_PATCH = '''
 import os, signal, time
@@ -59,8 +46,8 @@ sleepy_toy.time = type('T', (), dict(sleep=staticmethod(_die_or_sleep)))
 def run_case(name: str, sleep_s: float, work: str, backend: str) -> dict:
     config = osp.join(work, f'{name}.py')
     with open(config, 'w') as f:
-        f.write(CONFIG.format(sleep_s=sleep_s, backend=backend,
-                              extra=", 'hang_doctor_kill'" if sleep_s < 0 else ''))
+        f.write(sleepy_config(backend, hang_timeout_s=20, timeout_minutes=10, sleep_s=sleep_s,
+                              imports=('hang_doctor_kill',) if sleep_s < 0 else ()))
     with open(osp.join(work, 'hang_doctor_kill.py'), 'w') as f:
         f.write(KILL_PATCH)
     env = dict(os.environ, PYTHONPATH=f'{REPO}:{work}', OMP_NUM_THREADS='1')

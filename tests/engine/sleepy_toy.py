@@ -24,3 +24,33 @@ class SleepyToyRegressor(ToyRegressor):
                     int(os.environ.get('RANK', '0')) == self.sleep_rank:
                 time.sleep(self.sleep_s)  # the step that never ends
         return super().forward(inputs, targets, mode)
+
+
+CONFIG = '''
+custom_imports = dict(imports=['mmdet3d_scaling', 'tests.engine.sleepy_toy'{imports}],
+                      allow_failed_imports=False)
+runner_type = 'ScalingRunner'
+default_scope = 'mmdet3d'  # the plugin's hooks are registered in mmdet3d's registries
+model = dict(type='SleepyToyRegressor', sleep_rank=1, at_call=3{model})
+train_dataloader = dict(
+    dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=0,
+    sampler=dict(type='DefaultSampler', shuffle=False),
+    collate_fn=dict(type='default_collate'))
+optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01))
+train_cfg = dict(by_epoch=False, max_iters=20)
+default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=100, by_epoch=False))
+env_cfg = dict(dist_cfg=dict(backend='{backend}'))
+distributed = dict(hang_timeout_s={hang_timeout_s}, timeout_minutes={timeout_minutes})
+log_level = 'INFO'
+'''
+
+
+def sleepy_config(backend: str = 'gloo', hang_timeout_s: float = 10,
+                  timeout_minutes: float = 5, sleep_s: float = None,
+                  imports: tuple = ()) -> str:
+    """The 2-rank hang-doctor run: rank 1 sleeps (``sleep_s``, default the model's) in
+    its 3rd training forward; ``imports``: more modules for ``custom_imports``."""
+    return CONFIG.format(
+        backend=backend, hang_timeout_s=hang_timeout_s, timeout_minutes=timeout_minutes,
+        model='' if sleep_s is None else f', sleep_s={sleep_s}',
+        imports=''.join(f', {m!r}' for m in imports))

@@ -15,28 +15,13 @@ from mmengine.config import Config
 
 from mmdet3d_scaling.config.distributed import configure_distributed
 from mmdet3d_scaling.engine.hang_doctor import EXIT_CODE, ranks_behind
+from tests.engine.sleepy_toy import sleepy_config
 from tests.launches import Launch, launch_env
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 TRAIN = osp.join(REPO, 'tools', 'train.py')
 
-SLEEPY_CONFIG = '''
-custom_imports = dict(imports=['mmdet3d_scaling', 'tests.engine.sleepy_toy'],
-                      allow_failed_imports=False)
-runner_type = 'ScalingRunner'
-default_scope = 'mmdet3d'  # the plugin's hooks are registered in mmdet3d's registries
-model = dict(type='SleepyToyRegressor', sleep_rank=1, at_call=3)
-train_dataloader = dict(
-    dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=0,
-    sampler=dict(type='DefaultSampler', shuffle=False),
-    collate_fn=dict(type='default_collate'))
-optim_wrapper = dict(optimizer=dict(type='SGD', lr=0.01))
-train_cfg = dict(by_epoch=False, max_iters=20)
-default_hooks = dict(checkpoint=dict(type='CheckpointHook', interval=100, by_epoch=False))
-env_cfg = dict(dist_cfg=dict(backend='gloo'))
-distributed = dict(hang_timeout_s=10, timeout_minutes=5)
-log_level = 'INFO'
-'''
+SLEEPY_CONFIG = sleepy_config(backend='gloo', hang_timeout_s=10, timeout_minutes=5)
 
 
 def test_a_rank_asleep_in_its_step_is_named_and_every_process_exits(tmp_path):
