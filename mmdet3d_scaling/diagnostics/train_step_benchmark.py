@@ -9,7 +9,8 @@ plugin's or stock mmdet3d's), at a given micro-batch and precision:
   iterations, with the peak statistics reset after the warm-up, so cuDNN autotune
   workspaces of the first iterations are not counted;
 - ``profile``: the GPU's busy share over the profiled iterations (union of kernel
-  intervals / wall time) and the top kernels by GPU time with their share.
+  intervals / wall time), the top kernels by GPU time with their share, and ``stages``:
+  where in the step the GPU sits idle (:mod:`.step_stages`).
 
 The run is mmengine's own (``Runner.from_cfg`` or the config's ``runner_type``) with an
 iteration-based loop of ``warmup + iters + profile`` micro-batches, accumulation 1, no
@@ -22,6 +23,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
+
+from mmdet3d_scaling.diagnostics.step_stages import (StepRange, is_kernel, labelled_stages,
+                                                     stage_table)
+from mmdet3d_scaling.utils import unwrap_model
 
 GIB = 2 ** 30
 PRECISIONS = {'fp32': None, 'bf16': 'bfloat16', 'fp16': 'float16'}
@@ -81,9 +86,7 @@ def busy_share(intervals: List[Tuple[float, float]], wall_us: float) -> float:
 
 def kernel_summary(prof: Any, iters: int, wall_s: float, top: int = 12) -> Dict[str, Any]:
     """GPU busy share and the top kernels (GPU time per iteration and share of all)."""
-    kernels = [e for e in prof.events()
-               if getattr(e, 'device_type', None) is not None
-               and str(e.device_type).endswith('CUDA')]
+    kernels = [e for e in prof.events() if is_kernel(e)]
     spans = [(e.time_range.start, e.time_range.end) for e in kernels]
     total_us = sum(e.time_range.elapsed_us() for e in kernels)
     by_name: Dict[str, float] = {}
@@ -120,6 +123,8 @@ class TrainStepProbe(Hook):
         self._t = 0.0
         self._prof = None
         self._prof_t = 0.0
+        self._stages = None
+        self._step = StepRange()
 
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         """Start the clock (and the profiler for the profiled micro-batches)."""
@@ -127,14 +132,19 @@ class TrainStepProbe(Hook):
             from torch.profiler import ProfilerActivity, profile
             self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
             self._prof.__enter__()
+            self._stages = labelled_stages(unwrap_model(runner.model), runner.optim_wrapper)
+            self._stages.__enter__()
             self._prof_t = time.perf_counter()
         torch.cuda.synchronize()
+        if self._prof is not None:
+            self._step.open()
         self._t = time.perf_counter()
 
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
         """Stop the clock; reset the peaks after the warm-up; end the profile."""
         torch.cuda.synchronize()
+        self._step.close()
         done = runner.iter + 1  # mmengine counts this iteration after the hooks
         if self.warmup < done <= self.warmup + self.iters:
             self.times.append(time.perf_counter() - self._t)
@@ -145,9 +155,11 @@ class TrainStepProbe(Hook):
                           torch.cuda.max_memory_reserved())
         if self._prof is not None and done == self.warmup + self.iters + self.profile:
             wall = time.perf_counter() - self._prof_t
+            self._stages.__exit__(None, None, None)
             self._prof.__exit__(None, None, None)
             self.summary = kernel_summary(self._prof, self.profile, wall)
-            self._prof = None
+            self.summary['stages'] = stage_table(self._prof)
+            self._prof = self._stages = None
 
     def figures(self) -> Dict[str, Any]:
         """The run's figures (see the module docstring)."""

@@ -107,6 +107,15 @@ def main(argv: Optional[List[str]] = None) -> None:
                   'ms per micro-batch; top kernels:')
             for row in prof['top_kernels']:
                 print(f"[step] {row['share']:6.1%} {row['ms_per_iter']:8.2f} ms  {row['name']}")
+            print('[step] where the GPU idles (ms per micro-batch): stage, wall, busy, idle, '
+                  'launches, syncs, host reads; top host ops')
+            for row in prof.get('stages', []):
+                ops = ', '.join(f"{o['name']} {o['self_ms_per_iter']:.1f}"
+                                for o in row['top_host_ops'][:3])
+                print(f"[step] {row['stage']:28s} {row['wall_ms_per_iter']:7.1f} "
+                      f"{row['busy_ms_per_iter']:7.1f} {row['idle_ms_per_iter']:7.1f} "
+                      f"{row['launches_per_iter']:6.0f} {row['syncs_per_iter']:5.0f} "
+                      f"{row['host_reads_per_iter']:5.0f}  {ops}")
         gc.collect()
         torch.cuda.empty_cache()
     if args.out:

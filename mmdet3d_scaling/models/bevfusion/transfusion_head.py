@@ -20,11 +20,11 @@ from torch import Tensor, nn
 
 from mmdet3d.models.dense_heads.centerpoint_head import SeparateHead
 from mmdet3d.models.layers import circle_nms, nms_bev
-from mmdet3d.models.utils import draw_heatmap_gaussian, gaussian_radius
 from mmdet3d.registry import MODELS, TASK_UTILS
 from mmdet3d.structures import xywhr2xyxyr
 from mmdet3d_scaling.registry import register
 from .assigners import HeuristicAssigner3D, HungarianAssigner3D
+from .heatmap_targets import box_centres_and_radii, draw_heatmap
 
 # Keys of the forward output that are not per-proposal-per-layer.
 _SHARED_KEYS = ('dense_heatmap', 'query_heatmap_score', 'query_labels')
@@ -414,28 +414,24 @@ class TransFusionHead(nn.Module):
                 ious[None], int(pos_inds.shape[0]), float(mean_iou), heatmap[None])
 
     def _heatmap_target(self, gt_bboxes_3d, gt_labels: Tensor, device) -> Tensor:
-        """Gaussian heatmap ``[K, X, Y]`` of the gt centres on the BEV map."""
+        """Gaussian heatmap ``[K, X, Y]`` of the gt centres on the BEV map.
+
+        Computed on the host in one pass (see :mod:`.heatmap_targets`): the same map,
+        bit for bit, as upstream's per-box loop on ``device``.
+        """
         cfg = self.train_cfg
         osf = cfg['out_size_factor']
-        voxel = cfg['voxel_size']
-        pcr = cfg['point_cloud_range']
         x_size = int(cfg['grid_size'][0]) // osf
         y_size = int(cfg['grid_size'][1]) // osf
-        heatmap = torch.zeros(self.num_classes, x_size, y_size, device=device)
         boxes = torch.cat([gt_bboxes_3d.gravity_center, gt_bboxes_3d.tensor[:, 3:]],
-                          dim=1).to(device)
-        for box, label in zip(boxes, gt_labels):
-            width = box[3] / voxel[0] / osf
-            length = box[4] / voxel[1] / osf
-            if width <= 0 or length <= 0:
-                continue
-            radius = gaussian_radius((length, width), min_overlap=cfg['gaussian_overlap'])
-            radius = max(cfg['min_radius'], int(radius))
-            cx = (box[0] - pcr[0]) / voxel[0] / osf
-            cy = (box[1] - pcr[1]) / voxel[1] / osf
-            center = torch.stack([cy, cx]).to(torch.int32)  # (col, row) of [X, Y]
-            draw_heatmap_gaussian(heatmap[int(label)], center, radius)
-        return heatmap
+                          dim=1).cpu()
+        keep, centres, radii = box_centres_and_radii(
+            boxes, cfg['voxel_size'], cfg['point_cloud_range'], osf,
+            cfg['gaussian_overlap'], cfg['min_radius'],
+            cuda=torch.device(device).type == 'cuda')
+        heatmap = draw_heatmap(gt_labels.cpu()[keep], centres, radii, self.num_classes,
+                               x_size, y_size)
+        return heatmap.to(device)
 
     def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]

@@ -1,0 +1,226 @@
+"""Where a training step leaves the GPU idle: wall, GPU-busy and idle time per stage.
+
+A GPU profile says which kernels take the GPU's time; when the GPU is idle much of the
+step (host-bound: launches, host reads, Python), it does not say where. This module
+labels the stages of an mmengine training step with ``torch.profiler.record_function``
+ranges for the profiled iterations only:
+
+- ``data_preprocessor`` (batching, host-to-device copies, voxelization),
+- ``<child>.forward`` / ``<child>.loss`` for each direct child of the model
+  (``img_backbone``, ``pts_middle_encoder``, ``bbox_head`` ...),
+- ``backward``, ``optimizer.step`` and ``zero_grad`` of the optim wrapper,
+
+and splits the profiled wall time into the innermost open stage at each instant. Time
+in the step but in no stage is ``(step, unlabelled)`` (the model's own glue between its
+children, loss parsing, autocast); time between steps is ``(between steps)`` (waiting for
+the loader, hooks).
+For each stage it reports host wall time, the time at least one kernel ran, and the
+difference, the GPU's idle time, per iteration; with the kernel launches, synchronising
+CUDA calls and device-to-host reads (``.item()``, ``nonzero`` ...) that started in it, and
+its host ops with the most self time. Kernels launched earlier that are still
+running count as busy: a stage whose idle time is near zero does not hold the GPU back.
+"""
+import bisect
+import contextlib
+import functools
+from typing import Any, Dict, Iterator, List, Tuple
+
+import torch
+from torch import nn
+
+PREFIX = 'stage:'
+STEP = 'step'  # the range around each profiled iteration
+NAMES = {STEP: '(step, unlabelled)'}
+OUTSIDE = '(between steps)'
+Interval = Tuple[float, float]
+
+
+def is_kernel(event: Any) -> bool:
+    """A GPU activity (kernel, copy, memset), not a GPU-side user annotation."""
+    device = getattr(event, 'device_type', None)
+    if device is None or not str(device).endswith('CUDA'):
+        return False
+    if getattr(event, 'is_user_annotation', False):
+        return False
+    return not event.name.startswith(PREFIX) and '#' not in event.name
+
+
+def merge(intervals: List[Interval]) -> List[Interval]:
+    """Union of ``intervals`` as sorted, disjoint intervals."""
+    out: List[Interval] = []
+    for start, stop in sorted(intervals):
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], stop))
+        else:
+            out.append((start, stop))
+    return out
+
+
+class BusyTime:
+    """GPU-busy time inside any window, from the merged kernel intervals."""
+
+    def __init__(self, kernels: List[Interval]) -> None:
+        self.spans = merge(kernels)
+        self.starts = [s for s, _ in self.spans]
+        self.cumulative = [0.0]
+        for s, e in self.spans:
+            self.cumulative.append(self.cumulative[-1] + e - s)
+
+    def _before(self, t: float) -> float:
+        """Busy time in (-inf, t]."""
+        i = bisect.bisect_right(self.starts, t)
+        if i == 0:
+            return 0.0
+        s, e = self.spans[i - 1]
+        return self.cumulative[i - 1] + min(e, t) - s
+
+    def within(self, start: float, stop: float) -> float:
+        return max(0.0, self._before(stop) - self._before(start))
+
+
+def innermost_segments(ranges: List[Tuple[float, float, str]],
+                       start: float, stop: float) -> List[Tuple[float, float, str]]:
+    """``[start, stop]`` cut into pieces, each named by its innermost open range.
+
+    ``ranges`` (start, stop, name) nest or are disjoint (they come from one thread's
+    call stack); a piece in no range is named ``OUTSIDE``.
+    """
+    points = sorted({start, stop, *[t for r in ranges for t in r[:2] if start < t < stop]})
+    ordered = sorted(ranges, key=lambda r: (r[0], -r[1]))
+    pieces = []
+    for a, b in zip(points, points[1:]):
+        mid = (a + b) / 2
+        name = OUTSIDE
+        for r_start, r_stop, r_name in ordered:  # the latest-started container wins
+            if r_start > mid:
+                break
+            if r_stop >= mid:
+                name = r_name
+        pieces.append((a, b, name))
+    return pieces
+
+
+def stage_table(prof: Any, top_ops: int = 5) -> List[Dict]:
+    """Per stage: wall, GPU-busy and idle milliseconds per step, by idle time.
+
+    The window runs from the first labelled step's start to the last one's end.
+    """
+    events = prof.events()
+    kernels = [(e.time_range.start, e.time_range.end) for e in events if is_kernel(e)]
+    ranges = [(e.time_range.start, e.time_range.end, e.name[len(PREFIX):])
+              for e in events
+              if e.name.startswith(PREFIX) and not str(e.device_type).endswith('CUDA')]
+    steps = [r for r in ranges if r[2] == STEP]
+    if not steps:
+        return []
+    iters = len(steps)
+    start_us, stop_us = min(r[0] for r in steps), max(r[1] for r in steps)
+    busy = BusyTime(kernels)
+    pieces = [(a, b, NAMES.get(name, name))
+              for a, b, name in innermost_segments(ranges, start_us, stop_us)]
+    rows: Dict[str, Dict[str, Any]] = {}
+    for a, b, name in pieces:
+        row = rows.setdefault(name, dict(wall=0.0, busy=0.0, launches=0, syncs=0,
+                                         host_reads=0, ops={}))
+        row['wall'] += b - a
+        row['busy'] += busy.within(a, b)
+    _count_host_calls(events, pieces, rows)
+    table = []
+    for name, row in rows.items():
+        heaviest = sorted(row['ops'].items(), key=lambda kv: -kv[1])[:top_ops]
+        table.append(dict(
+            stage=name, wall_ms_per_iter=row['wall'] / 1e3 / iters,
+            busy_ms_per_iter=row['busy'] / 1e3 / iters,
+            idle_ms_per_iter=(row['wall'] - row['busy']) / 1e3 / iters,
+            launches_per_iter=row['launches'] / iters, syncs_per_iter=row['syncs'] / iters,
+            host_reads_per_iter=row['host_reads'] / iters,
+            top_host_ops=[dict(name=op[:80], self_ms_per_iter=us / 1e3 / iters)
+                          for op, us in heaviest]))
+    return sorted(table, key=lambda r: -r['idle_ms_per_iter'])
+
+
+LAUNCHES = ('cudaLaunchKernel', 'cuLaunchKernel', 'cudaLaunchKernelExC', 'cuLaunchKernelEx')
+SYNCS = ('cudaStreamSynchronize', 'cudaDeviceSynchronize', 'cudaEventSynchronize',
+         'cudaMemcpy')
+HOST_READS = ('aten::_local_scalar_dense', 'aten::nonzero', 'aten::unique_consecutive',
+              'aten::_unique2', 'aten::masked_select', 'aten::repeat_interleave')
+
+
+def _count_host_calls(events: List[Any], pieces: List[Tuple[float, float, str]],
+                      rows: Dict[str, Dict[str, Any]]) -> None:
+    """Kernel launches, synchronising calls, device-to-host reads and the host ops
+    with the most self time, each counted in the stage where it started."""
+    starts = [a for a, _, _ in pieces]
+    for e in events:
+        if str(getattr(e, 'device_type', '')).endswith('CUDA') or e.name.startswith(PREFIX):
+            continue
+        t = e.time_range.start
+        i = bisect.bisect_right(starts, t) - 1
+        if i < 0 or t > pieces[i][1]:
+            continue
+        row = rows[pieces[i][2]]
+        if e.name in LAUNCHES:
+            row['launches'] += 1
+        elif e.name in SYNCS:
+            row['syncs'] += 1
+        if e.name in HOST_READS:
+            row['host_reads'] += 1
+        if e.name.startswith('aten::') or e.name in SYNCS:
+            row['ops'][e.name] = row['ops'].get(e.name, 0.0) + e.self_cpu_time_total
+
+
+def _labelled(fn, label: str):
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        with torch.profiler.record_function(PREFIX + label):
+            return fn(*args, **kwargs)
+    return run
+
+
+def _wrap(obj: Any, method: str, label: str, undo: List) -> None:
+    """Shadow ``obj.method`` with a labelled one on the instance (undone later)."""
+    fn = getattr(obj, method, None)
+    if fn is None or not callable(fn):
+        return
+    had_own = method in vars(obj)
+    setattr(obj, method, _labelled(fn, label))
+    undo.append((obj, method, fn if had_own else None))
+
+
+class StepRange:
+    """The ``step`` range of one iteration, opened and closed from two hook calls."""
+
+    def __init__(self) -> None:
+        self._range = None
+
+    def open(self) -> None:
+        self._range = torch.profiler.record_function(PREFIX + STEP)
+        self._range.__enter__()
+
+    def close(self) -> None:
+        if self._range is not None:
+            self._range.__exit__(None, None, None)
+            self._range = None
+
+
+@contextlib.contextmanager
+def labelled_stages(model: nn.Module, optim_wrapper: Any) -> Iterator[None]:
+    """Label the stages of the step (see the module docstring) while inside."""
+    undo: List = []
+    try:
+        for name, child in model.named_children():
+            if name == 'data_preprocessor':
+                _wrap(child, 'forward', name, undo)
+                continue
+            for method in ('forward', 'loss'):
+                _wrap(child, method, f'{name}.{method}', undo)
+        for method, label in (('backward', 'backward'), ('step', 'optimizer.step'),
+                              ('zero_grad', 'zero_grad')):
+            _wrap(optim_wrapper, method, label, undo)
+        yield
+    finally:
+        for obj, method, own in reversed(undo):
+            if own is None:
+                delattr(obj, method)
+            else:
+                setattr(obj, method, own)

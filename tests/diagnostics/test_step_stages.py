@@ -1,0 +1,79 @@
+import torch
+from torch import nn
+from torch.profiler import ProfilerActivity, profile
+
+from mmdet3d_scaling.diagnostics.step_stages import (OUTSIDE, BusyTime, StepRange,
+                                                     innermost_segments, labelled_stages,
+                                                     stage_table)
+
+
+def test_busy_time_counts_overlapping_kernels_once():
+    busy = BusyTime([(0, 10), (5, 15), (20, 30)])
+    assert busy.within(0, 40) == 25
+    assert busy.within(12, 22) == 5
+    assert busy.within(15, 20) == 0
+    assert BusyTime([]).within(0, 10) == 0
+
+
+def test_innermost_range_names_each_piece():
+    pieces = innermost_segments([(0, 100, 'step'), (10, 40, 'loss'), (20, 30, 'forward')],
+                                0, 120)
+    named = [(a, b, n) for a, b, n in pieces]
+    assert named == [(0, 10, 'step'), (10, 20, 'loss'), (20, 30, 'forward'),
+                     (30, 40, 'loss'), (40, 100, 'step'), (100, 120, OUTSIDE)]
+
+
+class TwoLayers(nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.first = nn.Linear(32, 32)
+        self.second = nn.Linear(32, 1)
+
+    def forward(self, x):
+        return self.second(self.first(x).relu()).sum()
+
+
+class Wrapper:
+    """The optim wrapper's three calls the stages label."""
+
+    def __init__(self, model):
+        self.optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def backward(self, loss):
+        loss.backward()
+
+    def step(self):
+        self.optimizer.step()
+
+    def zero_grad(self):
+        self.optimizer.zero_grad()
+
+
+def test_stage_table_of_a_real_profile_covers_the_steps_and_undoes_the_labels():
+    model, step = TwoLayers(), StepRange()
+    wrapper = Wrapper(model)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with labelled_stages(model, wrapper):
+            for _ in range(3):
+                step.open()
+                loss = model(torch.randn(64, 32))
+                wrapper.backward(loss)
+                wrapper.step()
+                wrapper.zero_grad()
+                step.close()
+                torch.randn(200, 200).sum()  # between steps
+    assert 'forward' not in vars(model.first) and 'backward' not in vars(wrapper)
+    rows = {r['stage']: r for r in stage_table(prof)}
+    assert {'first.forward', 'second.forward', 'backward', 'optimizer.step', 'zero_grad',
+            '(step, unlabelled)', OUTSIDE} <= set(rows)
+    assert all(r['busy_ms_per_iter'] == 0 for r in rows.values())  # CPU: no kernels
+    ops = {o['name'] for o in rows['first.forward']['top_host_ops']}
+    assert 'aten::addmm' in ops or 'aten::linear' in ops
+    assert rows[OUTSIDE]['wall_ms_per_iter'] > 0
+
+
+def test_no_labelled_step_gives_an_empty_table():
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(3).sum()
+    assert stage_table(prof) == []
