@@ -110,6 +110,7 @@ train_dataloader = dict(
     batch_size=2,
     num_workers=1,
     persistent_workers=False,
+    pin_memory=False,  # no GPU to copy to
     sampler=dict(type='InfiniteSampler', shuffle=True),
     dataset=dict(dataset=dict(data_root=data_root, pipeline=train_pipeline)))
 val_dataloader = dict(

@@ -50,6 +50,7 @@ model = dict(
     data_preprocessor=dict(
         type='Det3DDataPreprocessor',
         pad_size_divisor=32,
+        non_blocking=True,  # with pin_memory: copies to the GPU do not block the host
         voxelize_cfg=dict(
             max_num_points=10,
             point_cloud_range=point_cloud_range,
@@ -200,6 +201,7 @@ train_dataloader = dict(
     batch_size=4,  # per GPU
     num_workers=4,
     persistent_workers=True,
+    pin_memory=True,  # page-locked batches: faster, asynchronous copies to the GPU
     sampler=dict(type='DefaultSampler', shuffle=True),
     dataset=dict(
         type='CBGSDataset',

@@ -6,8 +6,9 @@ labels the stages of an mmengine training step with ``torch.profiler.record_func
 ranges for the profiled iterations only:
 
 - ``data_preprocessor`` (batching, host-to-device copies, voxelization),
-- ``<child>.forward`` / ``<child>.loss`` for each direct child of the model
-  (``img_backbone``, ``pts_middle_encoder``, ``bbox_head`` ...),
+- ``<child>.<method>`` for each direct child of the model (``img_backbone``,
+  ``pts_middle_encoder``, ``bbox_head`` ...) and each of ``CHILD_METHODS`` it has
+  (``forward``, ``loss``, ``loss_and_predict``, ``predict``, ``get_targets``),
 - ``backward``, ``optimizer.step`` and ``zero_grad`` of the optim wrapper,
 
 and splits the profiled wall time into the innermost open stage at each instant. Time
@@ -32,6 +33,7 @@ PREFIX = 'stage:'
 STEP = 'step'  # the range around each profiled iteration
 NAMES = {STEP: '(step, unlabelled)'}
 OUTSIDE = '(between steps)'
+CHILD_METHODS = ('forward', 'loss', 'loss_and_predict', 'predict', 'get_targets')
 Interval = Tuple[float, float]
 
 
@@ -212,7 +214,7 @@ def labelled_stages(model: nn.Module, optim_wrapper: Any) -> Iterator[None]:
             if name == 'data_preprocessor':
                 _wrap(child, 'forward', name, undo)
                 continue
-            for method in ('forward', 'loss'):
+            for method in CHILD_METHODS:
                 _wrap(child, method, f'{name}.{method}', undo)
         for method, label in (('backward', 'backward'), ('step', 'optimizer.step'),
                               ('zero_grad', 'zero_grad')):

@@ -48,9 +48,11 @@ def configure(cfg: Config, batch: int, precision: str, iters: int,
         cfg.train_dataloader.persistent_workers = workers > 0
     cfg.optim_wrapper.pop('accumulative_counts', None)
     cfg.pop('optimizer_config', None)
+    # Accumulation and batch search change what a micro-batch is; the GPU monitor resets
+    # the peak-memory statistics this benchmark reads.
+    dropped = ('Cumulative', 'AutoBatchSize', 'GPUMonitor')
     cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
-                        if 'Cumulative' not in str(h.get('type'))
-                        and 'AutoBatchSize' not in str(h.get('type'))]
+                        if not any(name in str(h.get('type')) for name in dropped)]
     cfg.pop('auto_batch_size', None)
     cfg.pop('amp', None)
     cfg.pop('fp16', None)

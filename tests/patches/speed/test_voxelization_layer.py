@@ -38,6 +38,14 @@ def _without_patch():
         assert patching.apply(['voxelization_layer']) == ['voxelization_layer']
 
 
+@pytest.fixture(autouse=True)
+def _per_sample_loop():
+    """These tests follow mmdet3d's loop over samples (voxelize_batch bypasses it)."""
+    reverted = patching.revert(['voxelize_batch'])
+    yield
+    patching.apply(reverted)
+
+
 @pytest.fixture
 def sort_calls(monkeypatch):
     """Counts the calls that the patched ``voxelization`` serves by the sort."""
