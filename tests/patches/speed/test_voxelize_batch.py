@@ -36,10 +36,14 @@ def batch_calls(monkeypatch):
     return calls
 
 
+DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('config', CONFIGS)
 @pytest.mark.parametrize('limits', ['config', 'tight'])
-def test_one_sort_gives_the_loops_voxels(config, limits, batch_calls):
-    preprocessor = _preprocessor(config)
+def test_one_sort_gives_the_loops_voxels(config, limits, device, batch_calls):
+    preprocessor = _preprocessor(config).to(device)  # the batch follows it there
     layer = preprocessor.voxel_layer
     if limits == 'tight':
         layer.max_voxels, layer.max_num_points = (1000, 1500), 2
@@ -55,6 +59,7 @@ def test_one_sort_gives_the_loops_voxels(config, limits, batch_calls):
         assert list(got) == list(ref)  # same keys, same order
         _same(got, ref)
         _same(loop, ref)
+        assert got['voxels'].device.type == device
     assert len(ref['voxels']) > 1000 and ref['coors'][:, 0].unique().tolist() == [0, 1]
 
 
