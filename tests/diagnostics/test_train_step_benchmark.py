@@ -34,3 +34,12 @@ def test_configure_fp32_and_bad_values():
     assert cfg.optim_wrapper.type == 'OptimWrapper' and 'dtype' not in cfg.optim_wrapper
     with pytest.raises(ValueError, match="precision 'tf32'"):
         configure(Config.fromfile(ONE_GPU), batch=2, precision='tf32', iters=3)
+
+
+def test_configure_drops_the_hooks_that_change_a_micro_batch_or_its_memory_peaks():
+    cfg = configure(Config.fromfile('configs/pv_rcnn/pv_rcnn_synthetic_kitti.py'), batch=8,
+                    precision='fp32', iters=3)
+    kinds = [str(h['type']) for h in cfg.custom_hooks]
+    assert not any('GPUMonitor' in k or 'AutoBatchSize' in k or 'Cumulative' in k
+                   for k in kinds)
+    assert 'NonFiniteGuardHook' in kinds  # the rest stay
