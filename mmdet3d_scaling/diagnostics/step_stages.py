@@ -17,7 +17,8 @@ children, loss parsing, autocast); time between steps is ``(between steps)`` (wa
 the loader, hooks).
 For each stage it reports host wall time, the time at least one kernel ran, and the
 difference, the GPU's idle time, per iteration; with the kernel launches, synchronising
-CUDA calls and device-to-host reads (``.item()``, ``nonzero`` ...) that started in it, and
+CUDA calls and host reads (``.item()`` (of CPU tensors too), ``nonzero`` ...) that started
+in it, and
 its host ops with the most self time. Kernels launched earlier that are still
 running count as busy: a stage whose idle time is near zero does not hold the GPU back.
 """
@@ -44,6 +45,8 @@ def is_kernel(event: Any) -> bool:
         return False
     if getattr(event, 'is_user_annotation', False):
         return False
+    # torch's optimizer ranges ('Optimizer.step#AdamW.step') where a profiler build does
+    # not mark user annotations; kernel names carry no '#'
     return not event.name.startswith(PREFIX) and '#' not in event.name
 
 
