@@ -25,7 +25,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 
 from mmdet3d_scaling.diagnostics.step_stages import (StepRange, is_kernel, labelled_stages,
-                                                     stage_table)
+                                                     merge, stage_table)
 from mmdet3d_scaling.utils import unwrap_model
 
 GIB = 2 ** 30
@@ -77,12 +77,7 @@ def configure(cfg: Config, batch: int, precision: str, iters: int,
 
 def busy_share(intervals: List[Tuple[float, float]], wall_us: float) -> float:
     """Share of ``wall_us`` covered by at least one of ``intervals`` (start, end)."""
-    covered, end = 0.0, float('-inf')
-    for start, stop in sorted(intervals):
-        if stop <= end:
-            continue
-        covered += stop - max(start, end)
-        end = stop
+    covered = sum(stop - start for start, stop in merge(intervals))
     return covered / wall_us if wall_us > 0 else 0.0
 
 

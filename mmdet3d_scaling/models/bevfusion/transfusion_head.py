@@ -423,13 +423,15 @@ class TransFusionHead(nn.Module):
         osf = cfg['out_size_factor']
         x_size = int(cfg['grid_size'][0]) // osf
         y_size = int(cfg['grid_size'][1]) // osf
-        boxes = torch.cat([gt_bboxes_3d.gravity_center, gt_bboxes_3d.tensor[:, 3:]],
-                          dim=1).cpu()
+        boxes = torch.cat([gt_bboxes_3d.gravity_center, gt_bboxes_3d.tensor[:, 3:]], dim=1)
+        # one copy to the host: the labels (small integers, exact as floats) ride along
+        packed = torch.cat([boxes, gt_labels[:, None].to(boxes)], dim=1).cpu()
+        boxes, labels = packed[:, :-1], packed[:, -1].long()
         keep, centres, radii = box_centres_and_radii(
             boxes, cfg['voxel_size'], cfg['point_cloud_range'], osf,
             cfg['gaussian_overlap'], cfg['min_radius'],
             cuda=torch.device(device).type == 'cuda')
-        heatmap = draw_heatmap(gt_labels.cpu()[keep], centres, radii, self.num_classes,
+        heatmap = draw_heatmap(labels[keep], centres, radii, self.num_classes,
                                x_size, y_size)
         return heatmap.to(device)
 

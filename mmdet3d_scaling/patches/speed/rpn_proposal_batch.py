@@ -21,47 +21,23 @@ tested in ``tests/patches/speed/test_rpn_proposal_batch.py``.
 """
 from typing import Any, List
 
-import numpy as np
 import torch
-from torch import Tensor
 
 from ..patching import declare, method_patch
-from .rpn_proposal_nms import _result
 from .rpn_proposal_nms import class_agnostic_nms as one_wait_nms
+from .rpn_proposal_nms import proposals
 
 UPSTREAM = 'mmdet3d 1.4.0'
 
 
-def _heads():
-    from mmdet3d.models.dense_heads import PartA2RPNHead
-    from mmdet3d.models.dense_heads.base_3d_dense_head import Base3DDenseHead
-    return PartA2RPNHead, Base3DDenseHead
-
-
 def _own_code(head) -> bool:
     """The head decodes and finishes proposals with mmdet3d's code (or our shim's)."""
-    rpn, base = _heads()
+    from mmdet3d.models.dense_heads import PartA2RPNHead as rpn
     cls = type(head)
     nms = getattr(cls.class_agnostic_nms, 'original', cls.class_agnostic_nms)
     return (cls._predict_by_feat_single is rpn._predict_by_feat_single
             and nms in (one_wait_nms.original, rpn.class_agnostic_nms)
             and 'class_agnostic_nms' not in vars(head))
-
-
-def _finish(head, keep: Tensor, bboxes: Tensor, scores: Tensor, labels: Tensor,
-            cls_scores: Tensor, dir_scores: Tensor, cfg, meta: dict):
-    """``class_agnostic_nms`` after its NMS, for ``keep`` (at least one index)."""
-    from mmdet3d.structures import limit_period
-    boxes, scores = bboxes[keep], scores[keep]
-    labels, cls_scores = labels[keep], cls_scores[keep]
-    yaw = limit_period(boxes[..., 6] - head.dir_offset, head.dir_limit_offset, np.pi)
-    boxes[..., 6] = yaw + head.dir_offset + np.pi * dir_scores[keep].to(boxes.dtype)
-    if len(keep) > cfg.nms_post:
-        order = scores.sort(descending=True)[1][:cfg.nms_post]
-        boxes, labels = boxes[order, :], labels[order]
-        scores, cls_scores = scores[order], cls_scores[order]
-    return _result(boxes, scores, labels, cls_scores, meta['box_type_3d'],
-                   head.box_code_size)
 
 
 def nms_of_the_batch(head, calls: List[tuple]) -> List[Any]:
@@ -88,8 +64,8 @@ def nms_of_the_batch(head, calls: List[tuple]) -> List[Any]:
     results = []
     for call, keep_i in zip(calls, local.split(kept)):
         bboxes, _, scores_i, labels, cls_scores, dir_scores, _, cfg, meta = call
-        results.append(_finish(head, keep_i, bboxes, scores_i, labels, cls_scores,
-                               dir_scores, cfg, meta))
+        results.append(proposals(head, keep_i, bboxes, scores_i, labels, cls_scores,
+                                 dir_scores, cfg, meta))
     return results
 
 

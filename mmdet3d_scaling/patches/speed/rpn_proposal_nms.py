@@ -34,7 +34,6 @@ def class_agnostic_nms(self, mlvl_bboxes: Tensor, mlvl_bboxes_for_nms: Tensor,
                        cfg, input_meta: dict):
     """``PartA2RPNHead.class_agnostic_nms`` with one host read for the score mask."""
     from mmdet3d.models.layers import nms_bev, nms_normal_bev
-    from mmdet3d.structures import limit_period
     box_type, box_dim = input_meta['box_type_3d'], self.box_code_size
     above = torch.nonzero(mlvl_max_scores > score_thr).squeeze(1)  # the one wait
     nms = nms_bev if cfg.use_rotate_nms else nms_normal_bev
@@ -43,18 +42,25 @@ def class_agnostic_nms(self, mlvl_bboxes: Tensor, mlvl_bboxes_for_nms: Tensor,
         empty = mlvl_bboxes.new_zeros
         return _result(empty([0, box_dim]), empty([0]), empty([0]),
                        empty([0, mlvl_cls_score.shape[-1]]), box_type, box_dim)
-    keep = above[selected]
-    boxes, scores = mlvl_bboxes[keep], mlvl_max_scores[keep]
-    labels, cls_scores = mlvl_label_pred[keep], mlvl_cls_score[keep]
-    # the yaw from the direction classifier, as upstream does it
-    yaw = limit_period(boxes[..., 6] - self.dir_offset, self.dir_limit_offset, np.pi)
-    boxes[..., 6] = yaw + self.dir_offset + np.pi * mlvl_dir_scores[keep].to(boxes.dtype)
+    return proposals(self, above[selected], mlvl_bboxes, mlvl_max_scores, mlvl_label_pred,
+                     mlvl_cls_score, mlvl_dir_scores, cfg, input_meta)
+
+
+def proposals(head, keep: Tensor, bboxes: Tensor, scores: Tensor, labels: Tensor,
+              cls_scores: Tensor, dir_scores: Tensor, cfg, input_meta: dict):
+    """``class_agnostic_nms``'s result for the kept indices (at least one): upstream's
+    direction fix of the yaw and ``nms_post`` cut by score."""
+    from mmdet3d.structures import limit_period
+    boxes, scores = bboxes[keep], scores[keep]
+    labels, cls_scores = labels[keep], cls_scores[keep]
+    yaw = limit_period(boxes[..., 6] - head.dir_offset, head.dir_limit_offset, np.pi)
+    boxes[..., 6] = yaw + head.dir_offset + np.pi * dir_scores[keep].to(boxes.dtype)
     if boxes.shape[0] > cfg.nms_post:
         order = scores.sort(descending=True)[1][:cfg.nms_post]
         boxes, labels = boxes[order, :], labels[order]
         scores, cls_scores = scores[order], cls_scores[order]
-    return _result(boxes, scores, labels, cls_scores, box_type, box_dim)
-
+    return _result(boxes, scores, labels, cls_scores, input_meta['box_type_3d'],
+                   head.box_code_size)
 
 PATCH = declare(method_patch(
     'rpn_proposal_nms', 'speed', 'mmdet3d.models.dense_heads:PartA2RPNHead',

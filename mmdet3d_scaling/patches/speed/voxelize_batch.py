@@ -31,6 +31,11 @@ def _stock_layers() -> tuple:
     return (Voxelization, VoxelizationByGridShape)
 
 
+def _max_voxels(layer) -> int:
+    """The voxel layer's limit in its mode (as its ``forward`` picks it)."""
+    return layer.max_voxels[0 if layer.training else 1]
+
+
 def batchable(preprocessor, points: List[Tensor]) -> bool:
     """Whether one batched sort gives what the per-sample loop gives."""
     layer = getattr(preprocessor, 'voxel_layer', None)
@@ -38,12 +43,11 @@ def batchable(preprocessor, points: List[Tensor]) -> bool:
         return False
     if type(layer) not in _stock_layers():  # a subclass may voxelize its own way
         return False
-    max_voxels = layer.max_voxels[0 if layer.training else 1]
     if len({(p.shape[1:], p.dtype, p.device) for p in points
             if isinstance(p, Tensor)}) != 1:
         return False
     return all(handles(p, layer.voxel_size, layer.point_cloud_range,
-                       layer.max_num_points, max_voxels, layer.deterministic)
+                       layer.max_num_points, _max_voxels(layer), layer.deterministic)
                for p in points)
 
 
@@ -54,7 +58,7 @@ def voxelize(self, points: List[Tensor], data_samples) -> Dict[str, Tensor]:
     layer = self.voxel_layer
     voxels, coors, num_points = hard_voxelize_batch(
         points, list(layer.voxel_size), list(layer.point_cloud_range),
-        int(layer.max_num_points), int(layer.max_voxels[0 if layer.training else 1]))
+        int(layer.max_num_points), int(_max_voxels(layer)))
     # the loop's formula, on all samples at once (elementwise: the same bits)
     centers = (coors[:, [3, 2, 1]] + 0.5) * voxels.new_tensor(layer.voxel_size) \
         + voxels.new_tensor(layer.point_cloud_range[0:3])
