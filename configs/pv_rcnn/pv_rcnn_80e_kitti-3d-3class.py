@@ -25,6 +25,11 @@ distributed = dict(sync_bn='allreduce')
 # sparse convolutions and the point / RoI heads run on mm; convolutions already use
 # TF32 by PyTorch's default) and cuDNN autotuning (the BEV backbone's shapes are fixed).
 float32_matmul_precision = 'high'
+# Pinned loader memory and asynchronous copies to the GPU: the data preprocessor's
+# blocking copies made the GPU wait ~15 ms a micro-batch of 8 (28 waits; stage table in
+# docs/benchmarks.md). The same tensors arrive; only the host stops waiting for them.
+train_dataloader = dict(pin_memory=True)
+model = dict(data_preprocessor=dict(non_blocking=True))
 env_cfg = dict(cudnn_benchmark=True)
 # NaN / inf guard and preemption-safe saves (docs/hooks.md)
 custom_hooks = [dict(type='NonFiniteGuardHook'), dict(type='PreemptionHook')]
