@@ -2,9 +2,10 @@
 # One-H200 speed figures of docs/benchmarks.md: the exact voxelizer against mmcv's op,
 # BEVFusion camera+LiDAR at micro-batch 4 (bf16, fp32; and bf16 with mmcv's voxelizer as
 # the "before" profile), the 24 GiB one-GPU recipe, PV-RCNN against stock mmdet3d at one
-# and sixteen intra-op threads. Run from the checkout root on the GPU machine after
-# `source .device/setup.sh`; results go to $OUT (default ./bench_out).
-#   bash benchmarks/gpu_speed.sh voxelization nms bevfusion fit pv_rcnn
+# and sixteen intra-op threads (the two in one call), PV-RCNN's profile and stage table.
+# Run from the checkout root on the GPU machine after `source .device/setup.sh`; results
+# go to $OUT (default ./bench_out).
+#   bash benchmarks/gpu_speed.sh voxelization nms bevfusion fit pv_rcnn pv_rcnn_profile
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -64,6 +65,9 @@ for stage in "$@"; do
       tail -8 "$OUT/pv_rcnn_t$threads.log"
       cp work_dirs/vs_stock_t$threads/scaling.json "$OUT/pv_rcnn_vs_stock_threads$threads.json"
     done
+    ;;
+  pv_rcnn_profile)
+    kitti
     $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 --workers 6 \
       --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_profile_h200.json" \
       > "$OUT/pv_rcnn_profile.log" 2>&1
