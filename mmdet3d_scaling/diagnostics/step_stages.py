@@ -8,7 +8,8 @@ ranges for the profiled iterations only:
 - ``data_preprocessor`` (batching, host-to-device copies, voxelization),
 - ``<child>.<method>`` for each direct child of the model (``img_backbone``,
   ``pts_middle_encoder``, ``bbox_head`` ...) and each of ``CHILD_METHODS`` it has
-  (``forward``, ``loss``, ``loss_and_predict``, ``predict``, ``get_targets``),
+  (``forward``, ``loss``, ``loss_and_predict``, ``predict``, ``get_targets``,
+  ``loss_by_feat``, ``predict_by_feat``),
 - ``backward``, ``optimizer.step`` and ``zero_grad`` of the optim wrapper,
 
 and splits the profiled wall time into the innermost open stage at each instant. Time
@@ -34,7 +35,10 @@ PREFIX = 'stage:'
 STEP = 'step'  # the range around each profiled iteration
 NAMES = {STEP: '(step, unlabelled)'}
 OUTSIDE = '(between steps)'
-CHILD_METHODS = ('forward', 'loss', 'loss_and_predict', 'predict', 'get_targets')
+# a head's loss_by_feat / predict_by_feat split its loss_and_predict into the loss (with
+# its targets) and the proposals: the two halves of PV-RCNN's idlest stage
+CHILD_METHODS = ('forward', 'loss', 'loss_and_predict', 'predict', 'get_targets',
+                 'loss_by_feat', 'predict_by_feat')
 Interval = Tuple[float, float]
 
 

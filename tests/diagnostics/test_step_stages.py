@@ -77,3 +77,51 @@ def test_no_labelled_step_gives_an_empty_table():
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         torch.ones(3).sum()
     assert stage_table(prof) == []
+
+
+class Head(nn.Module):
+    """An mmdet-style dense head: loss_and_predict = forward + loss_by_feat +
+    predict_by_feat, each called through ``self`` as mmdet's heads call them."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.conv(x)
+
+    def loss_by_feat(self, out):
+        return out.pow(2).mean()
+
+    def predict_by_feat(self, out):
+        return out.detach().topk(2, dim=1)[1]
+
+    def loss_and_predict(self, x):
+        out = self(x)
+        glue = torch.randn(300, 300).sum()  # the method's own time
+        return self.loss_by_feat(out) + 0 * glue, self.predict_by_feat(out)
+
+
+class Detector(nn.Module):
+
+    def __init__(self):
+        super().__init__()
+        self.rpn_head = Head()
+
+
+def test_a_heads_loss_and_predict_splits_into_its_loss_and_its_proposals():
+    model, step = Detector(), StepRange()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with labelled_stages(model, Wrapper(model)):
+            for _ in range(2):
+                step.open()
+                model.rpn_head.loss_and_predict(torch.randn(32, 16))
+                step.close()
+        assert 'predict_by_feat' not in vars(model.rpn_head)
+    rows = {r['stage']: r for r in stage_table(prof)}
+    for stage in ('forward', 'loss_by_feat', 'predict_by_feat', 'loss_and_predict'):
+        assert rows[f'rpn_head.{stage}']['wall_ms_per_iter'] > 0, stage
+    ops = {o['name'] for o in rows['rpn_head.predict_by_feat']['top_host_ops']}
+    assert 'aten::topk' in ops
+    glue = {o['name'] for o in rows['rpn_head.loss_and_predict']['top_host_ops']}
+    assert 'aten::topk' not in glue and 'aten::normal_' in glue  # randn's fill
