@@ -9,9 +9,10 @@ import pytest
 import torch
 from mmengine.config import ConfigDict
 
-from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.patches.speed import rpn_proposal_batch as shim
 from tests.pv_rcnn_heads import build_pv_rcnn_head
+
+from ..reverting import reverted
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 
@@ -21,13 +22,9 @@ def head():
     return build_pv_rcnn_head('rpn_head', 'rpn')
 
 
-@contextlib.contextmanager
 def _loop():
-    assert patching.revert(['rpn_proposal_batch']) == ['rpn_proposal_batch']
-    try:
-        yield
-    finally:
-        assert patching.apply(['rpn_proposal_batch']) == ['rpn_proposal_batch']
+    """mmdet3d's loop over samples (this patch reverted)."""
+    return reverted(['rpn_proposal_batch'])
 
 
 def _predictions(batch: int, size: int, seed: int, device: str, low: int = -1):

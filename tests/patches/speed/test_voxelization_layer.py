@@ -3,7 +3,6 @@
 The package's conftest applies the ``speed`` set; ``_without_patch`` reverts this one
 patch for a reference run and applies it again.
 """
-import contextlib
 import os.path as osp
 
 import numpy as np
@@ -19,6 +18,8 @@ from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.patches.speed import voxelization_layer as shim
 from mmdet3d_scaling.datasets.synthetic import KITTI_CLASSES, SensorModel, sample_scene
 
+from ..reverting import reverted
+
 STOCK = osp.join(osp.dirname(mmdet3d.__file__), '.mim', 'configs')  # mmdet3d's own
 CONFIGS = [
     f'{STOCK}/pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py',
@@ -29,21 +30,16 @@ CONFIGS = [
 DYNAMIC = f'{STOCK}/dynamic_voxelization/second_dv_secfpn_8xb6-80e_kitti-3d-car.py'
 
 
-@contextlib.contextmanager
 def _without_patch():
-    assert patching.revert(['voxelization_layer']) == ['voxelization_layer']
-    try:
-        yield
-    finally:
-        assert patching.apply(['voxelization_layer']) == ['voxelization_layer']
+    return reverted(['voxelization_layer'])
 
 
 @pytest.fixture(autouse=True)
 def _per_sample_loop():
     """These tests follow mmdet3d's loop over samples (voxelize_batch bypasses it)."""
-    reverted = patching.revert(['voxelize_batch'])
+    undone = patching.revert(['voxelize_batch'])
     yield
-    patching.apply(reverted)
+    patching.apply(undone)
 
 
 @pytest.fixture

@@ -3,24 +3,13 @@
 The package's conftest applies the ``speed`` set; the reference runs revert this patch
 (and, separately, both voxelization patches: mmcv's own op in mmdet3d's own loop).
 """
-import contextlib
-
 import pytest
 import torch
 
-from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.patches.speed import voxelize_batch as shim
 
+from ..reverting import reverted
 from .test_voxelization_layer import CONFIGS, DYNAMIC, _batch, _preprocessor, _same, _voxelize
-
-
-@contextlib.contextmanager
-def _reverted(names):
-    assert sorted(patching.revert(names)) == sorted(names)
-    try:
-        yield
-    finally:
-        assert sorted(patching.apply(names)) == sorted(names)
 
 
 @pytest.fixture
@@ -49,9 +38,9 @@ def test_one_sort_gives_the_loops_voxels(config, limits, device, batch_calls):
         layer.max_voxels, layer.max_num_points = (1000, 1500), 2
     batch = _batch(5 if 'nus' in config else 4)
     for training in (True, False):
-        with _reverted(['voxelize_batch', 'voxelization_layer']):  # all mmdet3d + mmcv
+        with reverted(['voxelize_batch', 'voxelization_layer']):  # all mmdet3d + mmcv
             ref = _voxelize(preprocessor, batch, training)
-        with _reverted(['voxelize_batch']):  # the loop over the sorted op
+        with reverted(['voxelize_batch']):  # the loop over the sorted op
             loop = _voxelize(preprocessor, batch, training)
         calls = len(batch_calls)
         got = _voxelize(preprocessor, batch, training)
@@ -69,7 +58,7 @@ def test_an_empty_sample_keeps_its_place(batch_calls):
     points = batch['inputs']['points']
     batch['inputs']['points'] = [points[0][:0], points[1], points[0][:0]]
     batch['data_samples'] = batch['data_samples'] + batch['data_samples'][:1]
-    with _reverted(['voxelize_batch']):
+    with reverted(['voxelize_batch']):
         ref = _voxelize(preprocessor, batch, True)
     got = _voxelize(preprocessor, batch, True)
     assert batch_calls == [3]
@@ -80,14 +69,14 @@ def test_an_empty_sample_keeps_its_place(batch_calls):
 def test_what_the_sort_does_not_take_runs_the_original(batch_calls):
     dynamic = _preprocessor(DYNAMIC)
     batch = _batch(4)
-    with _reverted(['voxelize_batch']):
+    with reverted(['voxelize_batch']):
         ref = _voxelize(dynamic, batch, True)
     _same(_voxelize(dynamic, batch, True), ref)
 
     hard = _preprocessor(CONFIGS[0])
     mixed = _batch(4)
     mixed['inputs']['points'][1] = mixed['inputs']['points'][1].double()
-    with _reverted(['voxelize_batch']):
+    with reverted(['voxelize_batch']):
         ref = _voxelize(hard, mixed, True)
     _same(_voxelize(hard, mixed, True), ref)
 
