@@ -27,14 +27,16 @@ def _loop():
     return reverted(['rpn_proposal_batch'])
 
 
-def _predictions(batch: int, size: int, seed: int, device: str, low: int = -1):
+def _predictions(batch: int, size, seed: int, device: str, low: int = -1):
+    """Random RPN outputs of a square feature map (``size``) or (height, width)."""
+    height, width = (size, size) if isinstance(size, int) else size
     gen = torch.Generator().manual_seed(seed)
     anchors = 6  # 3 sizes x 2 rotations a location
-    cls = torch.randn(batch, anchors * 3, size, size, generator=gen)
+    cls = torch.randn(batch, anchors * 3, height, width, generator=gen)
     if low >= 0:  # one sample whose every score is below 0.5
         cls[low] = -5.0
-    box = 0.3 * torch.randn(batch, anchors * 7, size, size, generator=gen)
-    direction = torch.randn(batch, anchors * 2, size, size, generator=gen)
+    box = 0.3 * torch.randn(batch, anchors * 7, height, width, generator=gen)
+    direction = torch.randn(batch, anchors * 2, height, width, generator=gen)
     return [cls.to(device)], [box.to(device)], [direction.to(device)]
 
 
@@ -73,6 +75,34 @@ def test_batched_proposals_equal_the_loops(head, cfg, seed, device, monkeypatch)
     _same(ours, theirs)
     assert ours[0].bboxes_3d.tensor.device.type == device
     assert 'class_agnostic_nms' not in vars(head)
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_the_batch_is_decoded_at_once(head, device, monkeypatch):
+    decoded = []
+    real = shim.decode_the_batch
+    monkeypatch.setattr(shim, 'decode_the_batch',
+                        lambda h, *a: decoded.append(len(a[-2])) or real(h, *a))
+    head = head.to(device)
+    cfg = ConfigDict(nms_pre=500, nms_post=64, nms_thr=0.8, score_thr=0,
+                     use_rotate_nms=True)
+    head.predict_by_feat(*_predictions(3, 12, 0, device), batch_input_metas=_metas(3),
+                         cfg=cfg)
+    assert decoded == [3]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='a full-size batch: CUDA')
+@pytest.mark.parametrize('seed', [0, 1])
+def test_a_pv_rcnn_batch_of_8_equals_the_loop_on_the_gpu(head, seed):
+    """PV-RCNN's training shapes: 8 samples, a 200 x 176 map, nms_pre 9000 of 211,200
+    anchors (the kernels of top-k and max may change with the size; the result not)."""
+    head = head.to('cuda')
+    preds, metas = _predictions(8, (200, 176), seed, 'cuda'), _metas(8)
+    cfg = ConfigDict(nms_pre=9000, nms_post=512, nms_thr=0.8, score_thr=0,
+                     use_rotate_nms=True)
+    with _loop():
+        theirs = head.predict_by_feat(*preds, batch_input_metas=metas, cfg=cfg)
+    _same(head.predict_by_feat(*preds, batch_input_metas=metas, cfg=cfg), theirs)
 
 
 def test_what_the_batch_does_not_take_runs_sample_by_sample(head):
