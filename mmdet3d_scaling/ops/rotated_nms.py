@@ -169,9 +169,12 @@ def _upstream_ranked(scores: Tensor, groups: Optional[Tensor],
     if groups is None:
         order = _upstream_order(scores, pre_max_size, bev)
         return order, torch.zeros_like(order)
+    values, counts = torch.unique(groups, return_counts=True)
+    values, counts = torch.stack([values.long(), counts]).tolist()  # one read, all groups
+    # each group's indices, ascending (what nonzero(groups == g) gives), from one sort
+    members = torch.sort(groups, stable=True)[1].split(counts)
     parts, ids = [], []
-    for g in torch.unique(groups).tolist():
-        idx = torch.nonzero(groups == g).squeeze(1)
+    for g, idx in zip(values, members):
         part = idx[_upstream_order(scores[idx], pre_max_size, bev)]
         parts.append(part)
         ids.append(torch.full_like(part, g))
