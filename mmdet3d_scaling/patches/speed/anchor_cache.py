@@ -17,6 +17,7 @@ its own anchor code, and anchors made in inference mode, are not kept. Tested in
 """
 from typing import Dict, List, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -39,8 +40,13 @@ def _own_code(generator) -> bool:
                 AlignedAnchor3DRangeGenerator.anchors_single_range))
 
 
+def _plain(value):
+    """A setting as plain Python (numpy's repr elides long arrays: not a key)."""
+    return value.tolist() if isinstance(value, np.ndarray) else value
+
+
 def _key(generator, featmap_sizes: Sequence, device) -> Tuple:
-    settings = repr(tuple(getattr(generator, name, None) for name in SETTINGS))
+    settings = repr(tuple(_plain(getattr(generator, name, None)) for name in SETTINGS))
     sizes = tuple(tuple(int(s) for s in size) for size in featmap_sizes)
     return type(generator), settings, sizes, str(torch.device(device))
 

@@ -80,6 +80,21 @@ def test_new_settings_or_sizes_give_new_anchors():
     assert len(generator._grid_anchor_cache) == shim.KEPT
 
 
+def test_long_numpy_settings_are_keyed_by_every_value():
+    import numpy as np
+    cls, kwargs, sizes = GENERATORS['second_car']
+    generator = cls(**kwargs)
+    rotations = np.linspace(0, 1.5, 1200, dtype=np.float32)  # numpy's repr elides it
+    generator.rotations = rotations
+    generator.grid_anchors([(2, 2)], device='cpu')
+    changed = rotations.copy()
+    changed[600] += 0.25
+    generator.rotations = changed
+    reference = cls(**{**kwargs, 'rotations': changed})
+    _same(generator.grid_anchors([(2, 2)], device='cpu'),
+          shim.grid_anchors.original(reference, [(2, 2)], device='cpu'))
+
+
 def test_anchors_made_in_inference_mode_are_not_kept():
     cls, kwargs, sizes = GENERATORS['second_car']
     generator = cls(**kwargs)
