@@ -4,8 +4,8 @@
 ``loss_by_feat`` and again in ``predict_by_feat``) calls the generator's
 ``grid_anchors`` each time. Each range (one a class in the KITTI configs) copies its
 range, sizes and rotations to the GPU and hands ``torch.linspace`` GPU scalars: about
-nine host waits and ~35 kernels a range, 54 waits a PV-RCNN micro-batch of the 106 in
-its RPN head (docs/benchmarks.md, stage table).
+nine host waits and ~35 kernels a range, some 27 waits a call with PV-RCNN's three
+classes (measured: docs/patches.md, ``anchor_cache``).
 
 The anchors depend only on the generator's settings, the feature map sizes and the
 device. The patch keeps the anchors mmdet3d's own code computed for such a key on the

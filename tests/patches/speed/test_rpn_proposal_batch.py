@@ -105,6 +105,24 @@ def test_a_pv_rcnn_batch_of_8_equals_the_loop_on_the_gpu(head, seed):
     _same(head.predict_by_feat(*preds, batch_input_metas=metas, cfg=cfg), theirs)
 
 
+def test_softmax_scores_are_decoded_sample_by_sample_then_grouped(head, monkeypatch):
+    """A head the batched decoding does not take (softmax scores): mmdet3d decodes each
+    sample, the NMS still runs once for the batch."""
+    decoded, grouped = [], []
+    monkeypatch.setattr(shim, 'decode_the_batch', lambda *a: decoded.append(1))
+    real = shim.nms_of_the_batch
+    monkeypatch.setattr(shim, 'nms_of_the_batch',
+                        lambda h, c: grouped.append(len(c)) or real(h, c))
+    monkeypatch.setattr(head, 'use_sigmoid_cls', False)
+    preds, metas = _predictions(3, 12, 0, 'cpu'), _metas(3)
+    cfg = ConfigDict(nms_pre=500, nms_post=64, nms_thr=0.8, score_thr=0,
+                     use_rotate_nms=True)
+    with _loop():
+        theirs = head.predict_by_feat(*preds, batch_input_metas=metas, cfg=cfg)
+    _same(head.predict_by_feat(*preds, batch_input_metas=metas, cfg=cfg), theirs)
+    assert decoded == [] and grouped == [3]
+
+
 def test_what_the_batch_does_not_take_runs_sample_by_sample(head):
     metas = _metas(3)
     for preds, cfg in [
