@@ -188,6 +188,9 @@ setup(
         'spconv-cu113': ['spconv-cu113>=2.3'],
         'spconv-cu118': ['spconv-cu118>=2.3'],
         'spconv-cu120': ['spconv-cu120>=2.3'],
+        'spconv-cu121': ['spconv-cu121>=2.3'],
+        'spconv-cu124': ['spconv-cu124>=2.3'],
+        'spconv-cu126': ['spconv-cu126>=2.3'],  # measured on the H200 (torch 2.11 + CUDA 13)
         'tests': ['pytest>=8', 'matplotlib', 'build'],
     },
 )

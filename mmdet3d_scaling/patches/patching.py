@@ -50,6 +50,8 @@ class Patch:
             (called at apply time, so a patch may wrap what is bound then).
         needed: whether the patch can apply here (e.g. spconv installed); default yes.
         issue: upstream issue or pull request, if there is one.
+        in_set: whether selecting the patch's set selects it; ``False``: only by its
+            own name (an opt-in rewrite that is not faster everywhere).
     """
     name: str
     kind: str
@@ -59,6 +61,7 @@ class Patch:
     changes: Callable[[], List[Change]] = field(repr=False)
     needed: Callable[[], bool] = field(default=lambda: True, repr=False)
     issue: str = ''
+    in_set: bool = True
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
@@ -100,7 +103,7 @@ def resolve(selection: Iterable[str]) -> List[str]:
     wanted = set()
     for entry in selection:
         if entry in KINDS:
-            wanted.update(n for n, p in PATCHES.items() if p.kind == entry)
+            wanted.update(n for n, p in PATCHES.items() if p.kind == entry and p.in_set)
         elif entry in PATCHES:
             wanted.add(entry)
         else:
@@ -262,8 +265,10 @@ def markdown_table() -> str:
             '|---|---|---|---|---|---|---|']
     default = {'fixes': 'on import', 'cpu': 'on import without CUDA',
                'speed': "off (config: `patches=['speed']`)"}
+    opt_in = "off (config: `patches=['{}']` only)"
     for p in PATCHES.values():
         targets = '<br>'.join(f'`{t}`' for t in p.targets)
-        rows.append(f'| `{p.name}` | {p.kind} | {default[p.kind]} | {targets} | '
+        when = default[p.kind] if p.in_set else opt_in.format(p.name)
+        rows.append(f'| `{p.name}` | {p.kind} | {when} | {targets} | '
                     f'{p.upstream} | {p.why} | {p.issue or "-"} |')
     return '\n'.join(rows)

@@ -140,7 +140,7 @@ def checkpoint_layout(weight: Tensor, conv: nn.Module,
 # --------------------------------------------------------------------------- loading
 
 
-def _load_with_layout(self: nn.Module, state_dict: Dict[str, Tensor], prefix: str,
+def load_with_layout(self: nn.Module, state_dict: Dict[str, Tensor], prefix: str,
                       local_metadata: dict, strict: bool, missing_keys: list,
                       unexpected_keys: list, error_msgs: list) -> None:
     """``_load_from_state_dict`` of a sparse conv: convert the weight, then load."""
@@ -171,7 +171,7 @@ def attach_layout_loader(root: nn.Module) -> int:
     """
     count = 0
     for _, conv in iter_sparse_convs(root):
-        conv._load_from_state_dict = types.MethodType(_load_with_layout, conv)
+        conv._load_from_state_dict = types.MethodType(load_with_layout, conv)
         count += 1
     return count
 
@@ -216,6 +216,6 @@ def with_features(x, features: Tensor):
 __all__ = [
     'SPCONV', 'MMCV', 'BACKENDS', 'SparseBackend', 'get_backend', 'default_backend_name',
     'sparse_conv_types', 'layout_shape', 'to_layout', 'module_layout',
-    'checkpoint_layout', 'attach_layout_loader', 'iter_sparse_convs',
+    'checkpoint_layout', 'attach_layout_loader', 'iter_sparse_convs', 'load_with_layout',
     'convert_state_dict_layout', 'is_sparse_tensor', 'with_features'
 ]

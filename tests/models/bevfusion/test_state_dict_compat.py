@@ -172,6 +172,7 @@ def test_runner_load_from_gives_same_outputs(tmp_path, layout):
                     default_scope='mmdet3d')
     runner.load_or_resume()
     loaded = runner.model.eval()
+    source = source.to(next(loaded.parameters()).device)  # the runner's device (CUDA there)
 
     batch = toy_batch(seed=3)
     with torch.no_grad():

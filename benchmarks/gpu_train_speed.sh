@@ -1,0 +1,124 @@
+#!/usr/bin/env bash
+# Same-call training speed as users run it (docs/benchmarks.md): this plugin through
+# tools/train.py against upstream through mmdet3d's own tools/train.py, each side with
+# spconv 2.x and with mmcv's sparse conv; plus the sparse-conv CUDA tests and the sparse
+# encoder benchmark with and without spconv.
+#
+# On the GPU machine, from the checkout root:
+#   DEVICE_SPCONV=1 source .device/setup.sh && bash benchmarks/gpu_train_speed.sh STAGE...
+# (spconv is unpacked once; every run below sets its own PYTHONPATH with or without it).
+# UPSTREAM: an mmdetection3d v1.4.0 checkout holding projects/BEVFusion (default
+# .upstream/mmdetection3d-v1.4.0, a copy of ../shared/reference/...); its CUDA extension
+# is built for this GPU's architecture in a copy under work_dirs/.
+#
+# Stages: tests data encoders upstream_build bevfusion pv_rcnn second
+set -uo pipefail
+OUT=${OUT:-bench_out}; mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+UPSTREAM=${UPSTREAM:-.upstream/mmdetection3d-v1.4.0}
+UP=$PWD/work_dirs/upstream_mmdet3d  # the built copy
+SP=$PYTHONPATH  # with spconv (setup.sh puts /tmp/site-spconv first)
+NOSP=$(echo "$PYTHONPATH" | sed 's#/tmp/site-spconv:##')
+MMDET3D=$(PYTHONPATH=$NOSP python -c "import mmdet3d, os; print(os.path.dirname(mmdet3d.__file__))")
+STOCK_TRAIN=$MMDET3D/.mim/tools/train.py
+STOCK_CFG=$MMDET3D/.mim/configs
+SPEED="python benchmarks/train_speed.py"
+ITERS=${ITERS:-36}; WARMUP=${WARMUP:-12}
+BEVFUSION=configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb4-6e_nus-3d.py
+UP_BEVFUSION=projects/BEVFusion/configs/bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d.py
+NO_HUB="model.img_backbone.init_cfg=None"  # no network on the GPU machine
+
+nuscenes() {
+  [ -f data/nuscenes/nuscenes_infos_train.pkl ] || PYTHONPATH=$NOSP python \
+    tools/create_synthetic_data.py nuscenes --out data/nuscenes --train-frames 24 \
+    --val-frames 2 --full-res --workers 12 --no-progress 2>&1 | tail -1
+}
+kitti() {  # in data/kitti, where the stock configs read it; ours read data/synthetic_kitti
+  [ -f data/kitti/kitti_infos_train.pkl ] || PYTHONPATH=$NOSP python \
+    tools/create_synthetic_data.py kitti --out data/kitti --train-frames 200 \
+    --val-frames 8 --no-progress 2>&1 | tail -1
+  [ -e data/synthetic_kitti ] || ln -s kitti data/synthetic_kitti
+}
+run() {  # LABEL PYTHONPATH [train_speed args...]
+  local label=$1 pp=$2; shift 2
+  $SPEED --label "$label" --out "$OUT/$label.json" --iters "$ITERS" --warmup "$WARMUP" \
+    --env "PYTHONPATH=$pp" "$@" 2>&1 | tail -4
+}
+
+for stage in "$@"; do
+  case $stage in
+  tests)  # the CUDA tests of the sparse-conv paths, without spconv and with it
+    FILES=${TEST_FILES:-"tests/ops/test_sparse_conv.py tests/patches/fixes/test_sparse_conv_layout.py
+      tests/patches/speed/test_sparse_conv_batched.py tests/models/bevfusion/test_sparse_backends_cuda.py
+      tests/models/bevfusion/test_state_dict_compat.py"}
+    for side in mmcv spconv; do
+      pp=$NOSP; [ $side = spconv ] && pp=$SP
+      PYTHONPATH=$pp timeout 280 python -m pytest -q -p no:cacheprovider -n 8 $FILES \
+        > "$OUT/cuda_tests_$side.txt" 2>&1
+      echo "[tests $side]" $(tail -1 "$OUT/cuda_tests_$side.txt")
+    done
+    ;;
+  data) nuscenes; kitti ;;
+  encoders)
+    B="python benchmarks/sparse_conv.py --precision fp32,bf16,fp16"
+    PYTHONPATH=$NOSP $B --out "$OUT/sparse_encoders_mmcv.json" 2>&1 | tail -6
+    PYTHONPATH=$NOSP $B --batched --out "$OUT/sparse_encoders_mmcv_batched.json" 2>&1 | tail -6
+    PYTHONPATH=$SP $B --out "$OUT/sparse_encoders_spconv.json" 2>&1 | tail -6
+    ;;
+  encoder_profile)  # where the batched op's time goes (top kernels of one step)
+    PYTHONPATH=$NOSP python benchmarks/sparse_conv.py --models bevfusion,second --batched \
+      --repeats 2 --profile 2>&1 | tail -40
+    ;;
+  upstream_build)
+    if [ ! -f "$UP/.built" ]; then
+      rm -rf "$UP" && mkdir -p "$UP/configs" && cp -r "$UPSTREAM/projects" "$UP/" \
+        && cp -r "$UPSTREAM/configs/_base_" "$UP/configs/"
+      arch=$(python -c "import torch; print(''.join(map(str, torch.cuda.get_device_capability())))")
+      # upstream lists sm_70-86 only; CUDA 13 no longer compiles sm_70 / sm_75: the list
+      # becomes this GPU's architecture alone
+      sed -i -e "s/'-gencode=arch=compute_86,code=sm_86',/'-gencode=arch=compute_$arch,code=sm_$arch',/" \
+        -e "/'-gencode=arch=compute_[78][05],code=sm_[78][05]',/d" "$UP/projects/BEVFusion/setup.py"
+      grep -n gencode "$UP/projects/BEVFusion/setup.py"
+      (cd "$UP" && PYTHONPATH=$NOSP MAX_JOBS=16 FORCE_CUDA=1 python projects/BEVFusion/setup.py \
+        build_ext --inplace > build.log 2>&1) && touch "$UP/.built"
+      grep -iE "error" "$UP/build.log" | head -5; tail -2 "$UP/build.log"
+    fi
+    ln -sfn "$PWD/data" "$UP/data"
+    ;;
+  bevfusion)  # camera+LiDAR, micro-batch 4, 4 workers, TF32: upstream and ours, one call
+    nuscenes
+    TF32="float32_matmul_precision=high"
+    UPTF32="env_cfg.cudnn_benchmark=False"  # upstream's own default
+    for side in mmcv spconv; do
+      pp=$NOSP; [ $side = spconv ] && pp=$SP
+      run "upstream_amp_$side" "$UP:$pp" --train "$STOCK_TRAIN" --cwd "$UP" \
+        --config "$UP_BEVFUSION" --batch 4 --amp --cfg-options $NO_HUB
+      run "ours_bf16_$side" "$pp" --config $BEVFUSION --batch 4 --cfg-options $NO_HUB \
+        $TF32 amp.dtype=bfloat16
+    done
+    [ "${EQUAL:-0}" = 1 ] && run ours_amp_fp16_spconv "$SP" --config $BEVFUSION --batch 4 \
+      --amp --cfg-options $NO_HUB $TF32
+    ;;
+  pv_rcnn|second)
+    kitti
+    if [ $stage = pv_rcnn ]; then
+      stock=$STOCK_CFG/pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py
+      ours=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py; batch=8
+    else
+      stock=$STOCK_CFG/second/second_hv_secfpn_8xb6-80e_kitti-3d-3class.py
+      ours=configs/second/second_synthetic_kitti.py; batch=6
+    fi
+    for side in mmcv spconv; do
+      pp=$NOSP; [ $side = spconv ] && pp=$SP
+      for t in 1 16; do
+        run "stock_${stage}_${side}_t$t" "$pp" --train "$STOCK_TRAIN" --config "$stock" \
+          --batch $batch --env OMP_NUM_THREADS=$t --cfg-options \
+          train_dataloader.batch_size=$batch train_dataloader.num_workers=6
+      done
+      run "ours_${stage}_${side}" "$pp" --config $ours --batch $batch --cfg-options \
+        scaling.per_gpu_batch_size=$batch train_dataloader.num_workers=6
+    done
+    ;;
+  *) echo "unknown stage $stage"; exit 2 ;;
+  esac
+done
