@@ -16,7 +16,7 @@ from mmengine.runner import Runner
 
 from ..patches.patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 _upstream_from_cfg = Runner.__dict__['from_cfg'].__func__
 
 

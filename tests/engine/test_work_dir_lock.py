@@ -66,3 +66,27 @@ def test_the_live_holder_and_a_gone_pid_are_told_apart(tmp_path):
         me.kill()
         me.wait()
     assert why_not_running(me.pid, None) == f'process {me.pid} is not running on this host'
+
+
+def test_the_sigterm_handler_is_the_locks_only_while_a_lock_is_held(tmp_path):
+    """One owner of SIGTERM at a time: the lock's handler goes in with the first lock
+    and the one before it comes back with the last (here a callable, then SIG_IGN)."""
+    import signal
+    from mmdet3d_scaling.engine import work_dir_lock
+
+    def before(signum, frame):
+        pass
+
+    saved = signal.signal(signal.SIGTERM, before)
+    try:
+        for previous in (before, signal.SIG_IGN):
+            signal.signal(signal.SIGTERM, previous)
+            outer = WorkDirLock(str(tmp_path / 'a')).acquire()
+            inner = WorkDirLock(str(tmp_path / 'b')).acquire()
+            assert signal.getsignal(signal.SIGTERM) is work_dir_lock._on_sigterm
+            inner.release()
+            assert signal.getsignal(signal.SIGTERM) is work_dir_lock._on_sigterm
+            outer.release()
+            assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, saved)

@@ -15,6 +15,7 @@ from tests.toy import toy_runner_cfg
 @pytest.fixture
 def no_trusted(monkeypatch):
     monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
+    monkeypatch.setattr(shim, '_trusted', [])  # the process list too
 
 
 def _train_and_checkpoint(work_dir) -> str:

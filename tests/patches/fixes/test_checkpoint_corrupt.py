@@ -24,6 +24,7 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 @pytest.fixture
 def no_trusted(monkeypatch):
     monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
+    monkeypatch.setattr(shim, '_trusted', [])  # the process list too
 
 
 @pytest.fixture
