@@ -69,6 +69,7 @@ def _wheel_names(wheel: Path) -> Set[str]:
         return {n for n in zf.namelist() if n.startswith(MIM)}
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_config_and_tool(source, tmp_path):
     _run(sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation',
          '--disable-pip-version-check', '-w', str(tmp_path), str(source), cwd=tmp_path)
@@ -101,6 +102,7 @@ def _check_license(wheel: Path) -> None:
             or 'License-Expression: Apache' in metadata), metadata[:1500]
 
 
+@pytest.mark.slow
 def test_sdist_carries_mim_and_the_wheel_built_from_it_is_complete(source, tmp_path):
     _run(sys.executable, '-m', 'build', '--no-isolation', '--outdir', str(tmp_path),
          str(source), cwd=tmp_path)

@@ -238,6 +238,8 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
         torch_dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ranks_agree_on_the_minimum(data_root, tmp_path):
     # forked on a CPU so the children inherit the imported stack (spawning re-imports
     # it for half a minute); spawned where CUDA is initialised

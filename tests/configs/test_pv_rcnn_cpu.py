@@ -33,6 +33,7 @@ def runner(tmp_path_factory):
     return Runner.from_cfg(cfg)
 
 
+@pytest.mark.slow
 def test_trains_on_the_cpu(runner):
     before = {k: v.detach().clone() for k, v in runner.model.named_parameters()}
     runner.train()

@@ -78,6 +78,7 @@ def _train(runner) -> tuple:
     return seen, params
 
 
+@pytest.mark.slow
 def test_a_stock_runner_after_a_speed_runner_trains_exactly_as_upstream(kitti_root,
                                                                          tmp_path):
     before = set(patching.applied())
@@ -113,6 +114,7 @@ def test_a_stock_runner_after_a_speed_runner_trains_exactly_as_upstream(kitti_ro
         assert torch.equal(params_stock[key], value), key
 
 
+@pytest.mark.slow
 def test_val_and_test_apply_the_selection_only_while_they_run(tmp_path):
     cfg = Config(toy_runner_cfg(tmp_path, max_iters=2, runner_type='ScalingRunner',
                                 patches=['max_iou_assigner']))
@@ -124,6 +126,7 @@ def test_val_and_test_apply_the_selection_only_while_they_run(tmp_path):
     assert 'max_iou_assigner' not in patching.applied()
 
 
+@pytest.mark.slow
 def test_run_settings_are_restored_after_the_run(tmp_path):
     """Matmul precision and the trusted checkpoints of a config hold for its runner's
     commands only; the environment is never written."""

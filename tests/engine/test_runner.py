@@ -28,6 +28,7 @@ def test_registered_in_mmengine_and_mmdet3d_runners():
     assert MMDET3D_RUNNERS.get('ScalingRunner') is ScalingRunner
 
 
+@pytest.mark.slow
 def test_speed_patches_only_when_the_config_selects_them(tmp_path):
     """In a fresh process: import applies no speed patch; a config's `patches` does, for
     its runner's build and train() only, and the start of the run lists them."""

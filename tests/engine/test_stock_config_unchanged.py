@@ -10,6 +10,8 @@ passed to both builds.
 """
 import json
 
+import pytest
+
 from tests.multiprocess import run_torchrun
 
 
@@ -53,6 +55,8 @@ torch.distributed.destroy_process_group()
 '''
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_stock_configs_build_as_upstream_under_torchrun(tmp_path):
     script = tmp_path / 'worker.py'
     script.write_text(WORKER)

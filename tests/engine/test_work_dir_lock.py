@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from mmengine.logging import MMLogger
 
 from mmdet3d_scaling.engine.work_dir_lock import (WorkDirLock, _process_start_ticks,
@@ -21,6 +22,7 @@ def _wait_for_exec(pid: int) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path):
     # a live program holds the pid that the lock names; the lock's start ticks are
     # those of an earlier process (the crashed holder), so the pid was reused
@@ -58,6 +60,7 @@ def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path):
         other.wait()
 
 
+@pytest.mark.slow
 def test_the_live_holder_and_a_gone_pid_are_told_apart(tmp_path):
     me = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
     try:

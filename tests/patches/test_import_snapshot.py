@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 ROOTS = ('mmdet', 'mmdet3d', 'mmengine', 'mmcv', 'spconv', 'numpy')
 
 _LIST_MODULES = f'''
@@ -92,6 +94,7 @@ def _run(code: str, *args: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
+@pytest.mark.slow
 def test_import_changes_only_the_declared_default_patches():
     modules = _run(_LIST_MODULES)
     result = json.loads(_run(_SNAPSHOT, modules))

@@ -94,6 +94,7 @@ def test_upstream_must_be_a_version_range():
                        upstream=('mmengine>=0.10', 'mmdet3d'), why='-', changes=list)
 
 
+@pytest.mark.slow
 def test_a_patch_outside_its_version_range_is_reported_not_applied(tmp_path):
     """The real max_iou_assigner record, declared for an mmdet other than the installed
     one: not applied, upstream's method stays, and the table and the runner's start-up
