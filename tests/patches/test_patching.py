@@ -43,7 +43,7 @@ def test_apply_then_revert_restores_upstream_exactly():
 def test_revert_refuses_to_undo_a_later_change():
     owner = type('Owner', (), {'f': lambda self: 1})
     first = patching.declare(patching.Patch(
-        name='_test_first', kind='speed', targets=('Owner.f',), upstream='-', why='-',
+        name='_test_first', kind='speed', targets=('Owner.f',), upstream='torch>=1', why='-',
         changes=lambda: [patching.Change(owner, 'f', lambda self: 2)]))
     try:
         patching.apply([first.name])
