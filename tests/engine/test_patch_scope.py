@@ -43,7 +43,7 @@ class PatchesSeenHook(Hook):
         self.assigner = MaxIoUAssigner.assign_wrt_overlaps
 
     def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None) -> None:
-        self.losses.append({k: float(v) for k, v in outputs.items()})
+        self.losses.append({k: float(v.detach()) for k, v in outputs.items()})
 
 
 @pytest.fixture(scope='module')
@@ -64,7 +64,7 @@ def _cfg(root: str, work_dir, **extra) -> Config:
     cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
     cfg.test_cfg = cfg.test_dataloader = cfg.test_evaluator = None
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=10**6)
-    cfg.default_hooks.visualization = None
+    del cfg.default_hooks['visualization']  # draws nothing here; a None is refused
     cfg.log_level = 'WARNING'
     cfg.custom_hooks = [dict(type='PatchesSeenHook')]
     cfg.merge_from_dict(extra)
@@ -94,7 +94,7 @@ def test_a_stock_runner_after_a_speed_runner_trains_exactly_as_upstream(kitti_ro
     assert set(patching.applied()) == before, 'train() must revert the speed patches'
 
     stock_cfg = _cfg(kitti_root, tmp_path / 'stock')
-    del stock_cfg['patches']
+    stock_cfg.pop('patches')
     stock = RUNNERS.build(stock_cfg)
     assert isinstance(stock, ScalingRunner)
     seen_stock, params_stock = _train(stock)
@@ -103,7 +103,7 @@ def test_a_stock_runner_after_a_speed_runner_trains_exactly_as_upstream(kitti_ro
 
     upstream_cfg = _cfg(kitti_root, tmp_path / 'upstream')
     for key in ('patches', 'runner_type'):
-        del upstream_cfg[key]
+        upstream_cfg.pop(key)
     upstream = Runner.from_cfg(upstream_cfg)  # no plugin keys: mmengine's own Runner
     assert type(upstream) is Runner
     seen_upstream, params_upstream = _train(upstream)
