@@ -12,7 +12,6 @@ below it, which ``tests/test_layers.py`` checks.
 """
 from .version import __version__
 from . import patches  # noqa: F401  (declares the patches; mmcv ops checked first)
-from .engine import runner_handoff  # noqa: F401  (a fixes patch that lives by the runner)
 from .patches import patching as _patching
 
 _patching.apply(_patching.default_selection())

@@ -33,6 +33,7 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 from mmengine.runner.utils import calc_dynamic_intervals
 
 from ..patches import patching
+from ..patches.fixes import runner_handoff
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
 from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
@@ -46,7 +47,7 @@ from .optim_state import (AccumulationRequest, reset_to_initial, scale_lr,
 from ..parallel.cpu_affinity import apply_cpu_affinity
 from .run_settings import apply_run_settings, run_settings
 from .train_length import set_max_iters
-from .startup_log import startup_lines
+from .startup_log import startup_level, startup_lines
 from .work_dir_lock import run_locked
 
 
@@ -310,6 +311,21 @@ class ScalingRunner(Runner):
                 for key in ('interval', 'save_begin'):
                     if key in ckpt:
                         setattr(hook, key, ckpt[key])
+
+
+def hand_off(cfg: Config) -> Optional[ScalingRunner]:
+    """The ``runner_handoff`` fix's builder: a ScalingRunner for a config that uses
+    plugin keys (saying which), None for a stock config (upstream builds it)."""
+    found = plugin_keys(cfg)
+    if not found:
+        return None
+    print_log(f"mmdet3d_scaling: the config uses {', '.join(found)}: built by "
+              "ScalingRunner (runner_type='ScalingRunner' selects it explicitly).",
+              logger='current', level=startup_level())
+    return ScalingRunner.from_cfg(cfg)
+
+
+runner_handoff.plugin_runner = hand_off  # Runner.from_cfg of a config with plugin keys
 
 
 def require_scaling_runner(runner: Any, who: str) -> ScalingRunner:

@@ -47,6 +47,7 @@ def test_trains_on_the_cpu(runner):
         assert any(k.startswith(part) for k in changed), part
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_predicts_on_the_cpu(runner):
     runner.model.eval()
     batch = next(iter(runner.build_dataloader(runner.cfg.val_dataloader)))

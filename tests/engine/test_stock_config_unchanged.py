@@ -24,7 +24,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 import mmdet3d_scaling
-from mmdet3d_scaling.engine import runner_handoff
+from mmdet3d_scaling.patches.fixes import runner_handoff
 
 def describe(runner):
     return dict(runner=type(runner).__name__, wrapper=type(runner.model).__name__,
