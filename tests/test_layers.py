@@ -2,7 +2,8 @@
 
 The order is the table in docs/architecture.md ("Layers"); this test reads every module's
 imports (module level and inside functions, absolute and relative) and fails on an
-upward edge, naming the file, the line and both layers.
+upward edge, naming the file, the line and both layers; and no two modules import each
+other (inside a layer too).
 """
 import ast
 from pathlib import Path
@@ -113,3 +114,20 @@ def test_the_check_sees_an_upward_import(tmp_path):
 def test_architecture_doc_lists_the_layer(layer):
     assert f'`{layer}' in DOC.read_text(encoding='utf-8'), (
         f'docs/architecture.md does not name the layer {layer!r}')
+
+
+def mutual_imports(root: Path = ROOT) -> List[str]:
+    """Pairs of modules (not packages' ``__init__``) that import each other, at module
+    level or inside functions: a loop a reader has to follow back and forth."""
+    edges = set()
+    packages = {_module_name(p, root) for p in root.rglob('__init__.py')}
+    for path in sorted(root.rglob('*.py')):
+        source = _module_name(path, root)
+        for _, target in _imported(path, root):
+            if source not in packages and target not in packages and target != source:
+                edges.add((source, target))
+    return sorted(f'{a} <-> {b}' for a, b in edges if (b, a) in edges and a < b)
+
+
+def test_no_two_modules_import_each_other():
+    assert mutual_imports() == []
