@@ -293,6 +293,25 @@ def applied() -> List[str]:
     return list(_applied)
 
 
+def outside_range() -> Dict[str, str]:
+    """The patches :func:`apply` skipped because an installed version is outside their
+    ``upstream`` range (or a package is missing): name -> why."""
+    return {name: why for name, why in not_applied().items()
+            if version_mismatch(PATCHES[name]) == why}
+
+
+def warn_outside_range() -> None:
+    """One warning naming the patches skipped for their versions (import time: stock
+    tools print no start-up table)."""
+    skipped = outside_range()
+    if skipped:
+        import warnings
+        warnings.warn('mmdet3d_scaling: patches not applied, the installed versions are '
+                      'not the ones they were written for (upstream code runs unchanged): '
+                      + '; '.join(f'{n}: {why}' for n, why in skipped.items()),
+                      stacklevel=2)
+
+
 def not_applied() -> Dict[str, str]:
     """Patch name -> why the last :func:`apply` that selected it did not apply it."""
     return {name: _not_applied[name] for name in PATCHES if name in _not_applied}

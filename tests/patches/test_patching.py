@@ -120,6 +120,9 @@ def test_a_patch_outside_its_version_range_is_reported_not_applied(tmp_path):
         assert patching.not_applied()['max_iou_assigner'] == why
         assert f'NOT APPLIED: {why}' in patching.table(['max_iou_assigner'])
         assert f'NOT APPLIED: {why}' in patch_table(['max_iou_assigner'])
+        assert patching.outside_range() == {'max_iou_assigner': why}
+        with pytest.warns(UserWarning, match=f'max_iou_assigner: {why}'):
+            patching.warn_outside_range()
         runner = RUNNERS.build(Config(toy_runner_cfg(
             tmp_path, max_iters=1, runner_type='ScalingRunner',
             patches=['max_iou_assigner'])))
