@@ -98,9 +98,9 @@ class ScalingRunner(Runner):
                 prepare_config(cfg)
                 apply_run_settings(cfg)
                 print_log(f"ScalingRunner: plugin keys in this config: "
-                          f"{', '.join(found) or 'none'}\npatches in effect (those "
-                          "the config selects: while this runner builds, trains, "
-                          f"validates or tests):\n{patch_table(selection)}",
+                          f"{', '.join(found) or 'none'}\npatches in effect (the "
+                          "config's own selection only while this runner builds, "
+                          f"trains, validates or tests):\n{patch_table(selection)}",
                           logger='current')
             with run_settings(cfg):
                 return super().from_cfg(cfg)

@@ -227,7 +227,7 @@ def _why_not(patch: Patch, named: bool = False) -> Optional[str]:
     if patch.kind == 'cpu' and cuda_available() and not named:
         return 'cpu set: CUDA is available'
     if not patch.needed():
-        return 'not needed here'
+        return 'not needed here (its library or the upstream defect is absent)'
     return version_mismatch(patch)
 
 
