@@ -1,4 +1,5 @@
-"""Config-selected patches and run settings last as long as the runner's command.
+"""Config-selected patches and run settings (matmul precision, trusted checkpoints,
+SIGTERM) last as long as the runner's command.
 
 Two ScalingRunners in one process (a notebook, a sweep, a test session) on the demo's
 real PointPillars and synthetic KITTI data: the first selects ``patches=['speed']``,
@@ -25,7 +26,7 @@ from mmdet3d_scaling.patches.speed import max_iou_assigner
 from tests.datasets.synthetic_helpers import demo_config
 from tests.toy import toy_runner_cfg
 
-pytestmark = pytest.mark.slow  # trains a real detector three times
+pytestmark = pytest.mark.slow  # trains (a real detector three times, toys)
 
 SPEED = set(patching.resolve(['speed']))
 ITERS = 2
@@ -154,3 +155,32 @@ def test_run_settings_are_restored_after_the_run(tmp_path):
     assert torch.get_float32_matmul_precision() == 'highest'
     assert ckpt not in trusted_paths()
     assert os.environ.get('MMDET3D_SCALING_TRUSTED_CHECKPOINTS') == env_before
+
+
+def test_sigterm_is_the_one_before_the_run_after_it(tmp_path):
+    """SIGTERM's owners nest: the work-dir lock's handler, inside it PreemptionHook's
+    while training; after train() the process has the handler it had before."""
+    import signal
+
+    def mine(signum, frame):
+        pass
+
+    seen = {}
+
+    @HOOKS.register_module(force=True)
+    class SignalSeenHook(Hook):
+        def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+            seen['handler'] = signal.getsignal(signal.SIGTERM)
+
+    saved = signal.signal(signal.SIGTERM, mine)
+    try:
+        cfg = Config(toy_runner_cfg(tmp_path, max_iters=2, runner_type='ScalingRunner',
+                                    default_scope='mmdet3d',  # the plugin's registries
+                                    experiment_name=f'sigterm_{tmp_path.name}'))
+        cfg.custom_hooks = [dict(type='PreemptionHook'),
+                            dict(type='SignalSeenHook')]
+        RUNNERS.build(cfg).train()
+        assert seen['handler'] not in (mine, signal.SIG_DFL)  # someone owned it meanwhile
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        signal.signal(signal.SIGTERM, saved)
