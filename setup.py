@@ -168,6 +168,13 @@ setup(
     'auto batch size, GPU monitoring, multi-GPU recipes, BEVFusion without torchpack.',
     long_description=(HERE / 'README.md').read_text(encoding='utf-8'),
     long_description_content_type='text/markdown',
+    license='Apache License 2.0',
+    classifiers=[
+        'License :: OSI Approved :: Apache Software License',
+        'Programming Language :: Python :: 3',
+        'Operating System :: POSIX :: Linux',
+        'Topic :: Scientific/Engineering :: Artificial Intelligence',
+    ],
     packages=find_packages(include=[PACKAGE, f'{PACKAGE}.*']),
     cmdclass={'build_py': BuildPyWithMim, 'develop': DevelopWithMim,
               'sdist': SdistWithMim},
@@ -180,6 +187,7 @@ setup(
         'mmdet3d==1.4.0',
         'numpy',
         'nvidia-ml-py',
+        'packaging',  # patch version ranges (patches/patching.py)
         'tqdm',
     ],
     extras_require={

@@ -69,6 +69,7 @@ def _wheel_names(wheel: Path) -> Set[str]:
         return {n for n in zf.namelist() if n.startswith(MIM)}
 
 
+@pytest.mark.slow
 def test_wheel_ships_every_config_and_tool(source, tmp_path):
     _run(sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation',
          '--disable-pip-version-check', '-w', str(tmp_path), str(source), cwd=tmp_path)
@@ -85,8 +86,23 @@ def test_wheel_ships_every_config_and_tool(source, tmp_path):
         assert zf.read(f'{MIM}model-index.yml') == (REPO / 'model-index.yml').read_bytes()
     assert f'{MIM}configs/bevfusion/metafile.yml' in names
     assert f'{MIM}tools/train.py,'.encode() in record  # installed and uninstalled by pip
+    _check_license(wheel)
 
 
+def _check_license(wheel: Path) -> None:
+    """The wheel's metadata names Apache-2.0 and the wheel carries the LICENSE file."""
+    with zipfile.ZipFile(wheel) as zf:
+        metadata = zf.read(next(n for n in zf.namelist()
+                                if n.endswith('.dist-info/METADATA'))).decode()
+        licenses = [n for n in zf.namelist() if '.dist-info/' in n and
+                    n.rsplit('/', 1)[-1] == 'LICENSE']
+        assert licenses and zf.read(licenses[0]) == (REPO / 'LICENSE').read_bytes()
+    assert 'Classifier: License :: OSI Approved :: Apache Software License' in metadata
+    assert ('License: Apache License 2.0' in metadata
+            or 'License-Expression: Apache' in metadata), metadata[:1500]
+
+
+@pytest.mark.slow
 def test_sdist_carries_mim_and_the_wheel_built_from_it_is_complete(source, tmp_path):
     _run(sys.executable, '-m', 'build', '--no-isolation', '--outdir', str(tmp_path),
          str(source), cwd=tmp_path)
@@ -97,6 +113,8 @@ def test_sdist_carries_mim_and_the_wheel_built_from_it_is_complete(source, tmp_p
     assert not [n for n, m in members.items() if n.startswith(MIM) and m.issym()]
     assert in_sdist == expected_mim()
     assert _wheel_names(wheel) == expected_mim()
+    assert 'LICENSE' in members and members['LICENSE'].isfile()
+    _check_license(wheel)
 
 
 def test_editable_install_links_mim_to_the_checkout():

@@ -5,6 +5,7 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d.registry import MODELS, TRANSFORMS
 
@@ -65,6 +66,7 @@ def test_scoped_names_always_mean_ours():
         'mmdet3d_scaling')
 
 
+@pytest.mark.slow
 def test_upstream_twin_imported_after_us_is_refused_by_mmengine(tmp_path):
     """mmengine's own duplicate-name error, naming our module: import the project first."""
     proc = _run(tmp_path, 'import mmdet3d_scaling\nimport projects.BEVFusion.bevfusion\n')
@@ -76,6 +78,7 @@ def test_upstream_twin_imported_after_us_is_refused_by_mmengine(tmp_path):
 SCOPED = ('print(MODELS.get("mmdet3d_scaling.BEVFusion").__module__.split(".")[0])\n')
 
 
+@pytest.mark.slow
 def test_upstream_twin_imported_before_us_keeps_the_names(tmp_path):
     proc = _run(tmp_path, 'import projects.BEVFusion.bevfusion\nimport mmdet3d_scaling\n'
                 + CHECK.splitlines()[0] + '\n' + SCOPED + CHECK)
@@ -84,6 +87,7 @@ def test_upstream_twin_imported_before_us_keeps_the_names(tmp_path):
     assert proc.stdout.strip().splitlines()[-2] == 'mmdet3d_scaling'
 
 
+@pytest.mark.slow
 def test_our_options_on_the_upstream_twin_are_a_clear_error(tmp_path):
     code = ('import projects.BEVFusion.bevfusion\nimport mmdet3d_scaling\n'
             'from mmdet3d_scaling.registry import check_replaced_types\n'

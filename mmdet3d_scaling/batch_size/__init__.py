@@ -12,9 +12,11 @@ What is where:
 - :mod:`.memory_probe`: device memory as the search reads it: the CUDA allocator
   (:class:`CudaMemoryProbe`) or a modelled device for CPU runs
   (:class:`ModeledMemoryProbe`).
-- :mod:`.benchmark`: the library of ``tools/benchmark_auto_batch_size.py`` (not
-  imported here: it imports the hook, which imports this package, and registers a hook
-  of its own).
+- :mod:`.arrangements`: the fastest fit's trials (per-GPU batch x gradient
+  checkpointing in a memory budget).
+
+The library of ``tools/benchmark_auto_batch_size.py`` is
+:mod:`mmdet3d_scaling.diagnostics.batch_size_benchmark` (above the hooks it uses).
 """
 from .cache import ResultCache, cache_key, lookup_agreed
 from .memory_probe import CudaMemoryProbe, MemoryProbe, ModeledMemoryProbe

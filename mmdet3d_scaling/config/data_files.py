@@ -26,6 +26,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from mmengine.config import Config
 
 from ..datasets.point_files import size_fix, size_problem
+from .data_config import OPT_OUT, leaf_datasets
 from ..datasets.synthetic.target import (MARKERS, incomplete_run, regenerate_command,
                                         synthetic_kind)
 
@@ -44,7 +45,6 @@ class BadDataFileError(ValueError):
 
 def _loader_datasets(cfg: Config, loaders: Sequence[str]) -> Iterable[Tuple[dict, str]]:
     """``(leaf dataset cfg, key path)`` of the loaders, each dataset once."""
-    from .preflight import leaf_datasets
     seen = set()
     for key in loaders:
         loader = cfg.get(key)
@@ -67,7 +67,6 @@ def _resolve(data_root: str, path: str) -> str:
 
 def _raise(problems: List[str]) -> None:
     if problems:
-        from .preflight import OPT_OUT
         raise BadDataFileError('bad data files:\n  - ' + '\n  - '.join(problems) + '\n'
                                + OPT_OUT)
 

@@ -5,8 +5,9 @@ convolutions already use TF32). mmcv's sparse convolutions and the point / RoI h
 3D detectors are built on ``mm``, so on Ampere and newer GPUs allowing TF32 there speeds
 fp32 training up without touching the model. The value is PyTorch's own
 (:func:`torch.set_float32_matmul_precision`): 'highest' (PyTorch's default), 'high'
-(TF32) or 'medium' (bf16 products). This step only checks the value; the run applies it
-to its process when it starts (``engine/run_settings.py``).
+(TF32) or 'medium' (bf16 products). This step only checks the value; the runner sets it
+for its build and each command and restores torch's setting after each
+(``engine/run_settings.py``).
 """
 from typing import Optional
 

@@ -31,6 +31,7 @@ from typing import Dict, Iterator, List, Optional, Sequence, Set, Tuple
 from mmengine.config import Config
 
 from ..datasets.synthetic.target import MARKERS, entries, synthetic_kind
+from .data_config import OPT_OUT, leaf_datasets
 from .data_files import check_complete_synthetic, check_data_files
 
 __all__ = ['MissingDataError', 'check_data_paths', 'leaf_datasets', 'synthetic_overrides']
@@ -43,25 +44,10 @@ NUSCENES_TABLES = ('category', 'attribute', 'visibility', 'instance', 'sensor',
                    'sample_annotation', 'map')
 _LOADERS = ('train_dataloader', 'val_dataloader', 'test_dataloader')
 _EVALUATORS = ('val_evaluator', 'test_evaluator')
-OPT_OUT = ('To skip this check (for a run that loads no data), set `preflight = '
-           'dict(check_data=False)` in the config.')
 
 
 class MissingDataError(FileNotFoundError):
     """A data path named in the config does not exist (or is an empty file)."""
-
-
-def leaf_datasets(dataset: Optional[dict], where: str) -> Iterator[Tuple[dict, str]]:
-    """Yield ``(dataset cfg, its key path)`` of the real datasets inside wrappers."""
-    if not isinstance(dataset, dict):
-        return
-    if isinstance(dataset.get('dataset'), dict):  # RepeatDataset, CBGSDataset, ...
-        yield from leaf_datasets(dataset['dataset'], f'{where}.dataset')
-    elif isinstance(dataset.get('datasets'), (list, tuple)):  # ConcatDataset
-        for i, child in enumerate(dataset['datasets']):
-            yield from leaf_datasets(child, f'{where}.datasets[{i}]')
-    else:
-        yield dataset, where
 
 
 def _is_remote(path: str, cfg: dict) -> bool:

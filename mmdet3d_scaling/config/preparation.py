@@ -4,7 +4,8 @@
 copy of the config, before the Runner is built. Every step is a pure ``cfg -> cfg``
 function of this package and idempotent: preparing a prepared config changes nothing.
 Nothing here changes process-wide state: what a config asks of the process (TF32,
-trusted checkpoints) is applied where the run starts (``engine/run_settings.py``).
+trusted checkpoints) is in effect during the runner's build and commands only, and
+restored after each (``engine/run_settings.py``).
 The data preflight is not a step here either: it runs when the runner knows which
 loaders a command uses (:mod:`mmdet3d_scaling.config.preflight`).
 """

@@ -13,9 +13,14 @@ tests import the modules they need:
 - :mod:`.scaling_benchmark`: the scaling benchmark of ``tools/benchmark_scaling.py``
   (timed runs on 1..N GPUs, their figures, tables and charts; ``tracking`` counts the
   planned runs for the progress bar).
-- :mod:`.progress`: the one progress-bar policy of the long tools (stderr only; quiet
-  under ``--no-progress``, ``MMDET3D_SCALING_NO_PROGRESS=1``, a non-TTY stderr or a rank
-  > 0); also used by :mod:`mmdet3d_scaling.batch_size.search`.
-- :mod:`.parity`: the same recipe in several process / accumulation arrangements, to
-  final metrics with seed spreads (``tools/benchmark_parity.py``).
+- :mod:`.parity` (with :mod:`.parity_cli`): the same recipe in several process /
+  accumulation arrangements, to final metrics with seed spreads
+  (``tools/benchmark_parity.py``).
+- :mod:`.step_stages`, :mod:`.train_step_benchmark`: one config's training step by stage
+  (``tools/analysis/benchmark_train_step.py``); :mod:`.batch_size_benchmark` and
+  :mod:`.batch_size_limits`, :mod:`.bev_pool_benchmark`, :mod:`.view_transform_benchmark`,
+  :mod:`.bevfusion_lidar_benchmark`, :mod:`.gpu_monitor_benchmark`: the other tools'
+  measurements; :mod:`.hooks`: the tools' hooks, one a file.
+
+The progress-bar policy of the long tools is :mod:`mmdet3d_scaling.utils.progress`.
 """

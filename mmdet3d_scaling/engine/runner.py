@@ -4,9 +4,13 @@ Select it with ``runner_type = 'ScalingRunner'`` (all configs of this repository
 It is the plugin's one entry point into mmengine:
 
 - :meth:`ScalingRunner.from_cfg` prepares the config once (legacy keys, ``scaling``
-  plan, AMP, distributed settings: :func:`mmdet3d_scaling.config.prepare_config`),
-  applies the patch sets the config selects (``patches = ['speed']``) and prints the
-  patches in effect;
+  plan, AMP, distributed settings: :func:`mmdet3d_scaling.config.prepare_config`) and
+  prints the patches in effect (and the selected ones not applied, with why);
+- the patch sets the config selects (``patches = ['speed']``) and the run's
+  process-wide settings (matmul precision, trusted checkpoints: :mod:`.run_settings`)
+  are in effect while the runner builds and during each :meth:`train` / :meth:`val` /
+  :meth:`test`, and reverted after each: another runner in the process (a notebook, a
+  sweep, a test session) gets the process as ``import mmdet3d_scaling`` left it;
 - :meth:`train` / :meth:`val` / :meth:`test` first check the data paths of the loaders
   that command reads (:mod:`mmdet3d_scaling.config.preflight`);
 - the hooks that change the plan at run time (auto batch size, resume on another GPU
@@ -14,9 +18,10 @@ It is the plugin's one entry point into mmengine:
   private Runner state lives in this one class (and the loop length in
   :mod:`.train_length`, the optim wrapper's counters in :mod:`.optim_state`).
 """
+import contextlib
 import copy
 import logging
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 from mmengine.config import Config
 from mmengine.hooks import CheckpointHook
@@ -28,6 +33,7 @@ from mmengine.runner.loops import _InfiniteDataloaderIterator
 from mmengine.runner.utils import calc_dynamic_intervals
 
 from ..patches import patching
+from ..patches.fixes import runner_handoff
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
 from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
@@ -39,22 +45,36 @@ from .hang_doctor import explain_failure
 from .optim_state import (AccumulationRequest, reset_to_initial, scale_lr,
                           set_accumulation)
 from ..parallel.cpu_affinity import apply_cpu_affinity
-from .run_settings import apply_run_settings
+from .run_settings import apply_run_settings, run_settings
 from .train_length import set_max_iters
-from .startup_log import startup_lines
+from .startup_log import startup_level, startup_lines
 from .work_dir_lock import run_locked
 
 
-def _select_patches(cfg: Config) -> List[str]:
-    """Apply ``cfg.patches`` (sets or names); return every patch now in effect."""
-    selection = cfg.get('patches') or []
+def patch_selection(cfg: Optional[Config]) -> List[str]:
+    """``cfg.patches`` (sets or names) as a checked list.
+
+    Raises:
+        ValueError: not a list of patch sets or names, or an unknown entry (named).
+    """
+    selection = (cfg.get('patches') if cfg is not None else None) or []
     if isinstance(selection, str):
         selection = [selection]
     if not isinstance(selection, (list, tuple)):
         raise ValueError(f"patches must be a list of patch sets ({', '.join(patching.KINDS)})"
                          f' or patch names, got {selection!r}')
-    patching.apply(selection)
-    return patching.applied()
+    patching.resolve(selection)  # an unknown name fails here, before anything is built
+    return list(selection)
+
+
+def patch_table(selection: List[str]) -> str:
+    """The start-up table: the patches in effect, then the selected (or default) ones
+    that are not, each with why (e.g. an installed version outside its range)."""
+    selected = patching.resolve(list(selection) + patching.default_selection())
+    skipped = patching.not_applied()
+    names = [n for n in patching.PATCHES
+             if n in patching.applied() or (n in selected and n in skipped)]
+    return patching.table(names) if names else '  none'
 
 
 @RUNNERS.register_module()
@@ -71,18 +91,23 @@ class ScalingRunner(Runner):
         cfg = copy.deepcopy(cfg)
         check_replaced_types(cfg.to_dict())
         found = plugin_keys(cfg)
-        with startup_lines():  # once per job: global rank 0 (others: DEBUG)
-            in_effect = _select_patches(cfg)
-            prepare_config(cfg)
-            apply_run_settings(cfg)
-            print_log(f"ScalingRunner: plugin keys in this config: "
-                      f"{', '.join(found) or 'none'}\npatches in effect:\n"
-                      f"{patching.table(in_effect) if in_effect else '  none'}",
-                      logger='current')
-        return super().from_cfg(cfg)
+        selection = patch_selection(cfg)
+        # built with the patches it trains with; reverted once built (see _in_scope)
+        with patching.scoped(selection):
+            with startup_lines():  # once per job: global rank 0 (others: DEBUG)
+                prepare_config(cfg)
+                apply_run_settings(cfg)
+                print_log(f"ScalingRunner: plugin keys in this config: "
+                          f"{', '.join(found) or 'none'}\npatches in effect (the "
+                          "config's own selection only while this runner builds, "
+                          f"trains, validates or tests):\n{patch_table(selection)}",
+                          logger='current')
+            with run_settings(cfg):
+                return super().from_cfg(cfg)
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
+        self._patches = patch_selection(self.cfg)  # applied again by each command
         # distributed.cpu_affinity='split': CPUs per local rank, set before the loader
         # workers (built lazily by train()) start and inherit it
         apply_cpu_affinity(self.cfg.get('distributed') or {}, self.logger)
@@ -105,6 +130,13 @@ class ScalingRunner(Runner):
             self.logger.info(bn.describe(self._bn_momentum_per_step, plan.accumulation))
 
     # ------------------------------------------------------------------ commands
+    @contextlib.contextmanager
+    def _in_scope(self) -> Iterator[None]:
+        """This runner's patches and process-wide settings for one command, reverted
+        afterwards (also on an exception), so that they never outlive it."""
+        with patching.scoped(self._patches), run_settings(self.cfg):
+            yield
+
     def _preflight(self, *loaders: str) -> None:
         evaluators = [name.replace('dataloader', 'evaluator') for name in loaders
                       if name != 'train_dataloader']
@@ -117,8 +149,9 @@ class ScalingRunner(Runner):
         self._preflight(*loaders)
         # rank 0 holds WORK_DIR/.train.lock while training: a second live run there is
         # refused (engine/work_dir_lock.py)
-        return run_locked(self._train_explained, self.work_dir, self.rank,
-                          self.distributed)
+        with self._in_scope():
+            return run_locked(self._train_explained, self.work_dir, self.rank,
+                              self.distributed)
 
     def _train_explained(self):
         try:
@@ -129,11 +162,13 @@ class ScalingRunner(Runner):
 
     def val(self) -> Dict[str, Any]:
         self._preflight('val_dataloader')
-        return super().val()
+        with self._in_scope():
+            return super().val()
 
     def test(self) -> Dict[str, Any]:
         self._preflight('test_dataloader')
-        return super().test()
+        with self._in_scope():
+            return super().test()
 
     # ------------------------------------------ checkpoint matching (resume_strict)
     # --resume and evaluation refuse a checkpoint that does not fit the model unless
@@ -276,6 +311,21 @@ class ScalingRunner(Runner):
                 for key in ('interval', 'save_begin'):
                     if key in ckpt:
                         setattr(hook, key, ckpt[key])
+
+
+def hand_off(cfg: Config) -> Optional[ScalingRunner]:
+    """The ``runner_handoff`` fix's builder: a ScalingRunner for a config that uses
+    plugin keys (saying which), None for a stock config (upstream builds it)."""
+    found = plugin_keys(cfg)
+    if not found:
+        return None
+    print_log(f"mmdet3d_scaling: the config uses {', '.join(found)}: built by "
+              "ScalingRunner (runner_type='ScalingRunner' selects it explicitly).",
+              logger='current', level=startup_level())
+    return ScalingRunner.from_cfg(cfg)
+
+
+runner_handoff.plugin_runner = hand_off  # Runner.from_cfg of a config with plugin keys
 
 
 def require_scaling_runner(runner: Any, who: str) -> ScalingRunner:

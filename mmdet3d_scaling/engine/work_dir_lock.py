@@ -3,7 +3,8 @@
 Two runs in one work dir overwrite each other's checkpoints, logs and ``last_checkpoint``
 without an error. Rank 0 of a training run holds ``WORK_DIR/.train.lock`` (JSON: pid,
 host, start time, command, the process's start ticks) from the start of ``train()`` to
-its end, released on return, on an exception, on Ctrl-C and on SIGTERM; a heartbeat
+its end, released on return, on an exception, on Ctrl-C and on SIGTERM (its SIGTERM
+handler is in place while a lock is held, then the previous one again); a heartbeat
 thread refreshes the file's modification time every :data:`HEARTBEAT_S` seconds.
 
 Another run that finds the lock:
@@ -275,6 +276,8 @@ class WorkDirLock:
             return
         self._stop.set()
         _HELD.pop(self.path, None)
+        if not _HELD:
+            _restore_signal_handler()
         holder = self.read()
         if holder is not None and self._ours(holder):  # never remove another run's lock
             try:
@@ -301,7 +304,8 @@ def _duplicate_launch_hint() -> str:
 
 # ---------------------------------------------------------------- process exit paths
 _HELD: Dict[str, WorkDirLock] = {}
-_previous_sigterm: Any = None
+_previous_sigterm: Any = None  # a callable to chain to, else None (default action)
+_sigterm_before: Any = None  # exactly what was installed before ours (SIG_IGN too)
 
 
 def release_all() -> None:
@@ -312,8 +316,8 @@ def release_all() -> None:
 
 
 def _on_sigterm(signum: int, frame: Any) -> None:
+    previous = _previous_sigterm  # read first: the last release restores the handler
     release_all()
-    previous = _previous_sigterm
     if callable(previous):
         previous(signum, frame)
         return
@@ -328,15 +332,31 @@ def _install_signal_handler() -> None:
     Ctrl-C needs no handler: KeyboardInterrupt unwinds through ``release`` in ``finally``.
     Only the main thread may set handlers; elsewhere a stale lock is taken over later.
     """
-    global _previous_sigterm
+    global _previous_sigterm, _sigterm_before
     if threading.current_thread() is not threading.main_thread():
         return
     current = signal.getsignal(signal.SIGTERM)
     if current is _on_sigterm:
         return
+    _sigterm_before = current
     _previous_sigterm = current if current not in (signal.SIG_DFL, signal.SIG_IGN,
                                                    None) else None
     signal.signal(signal.SIGTERM, _on_sigterm)
+
+
+def _restore_signal_handler() -> None:
+    """The last lock is gone: SIGTERM goes back to the handler before the first one.
+
+    Each owner of SIGTERM (this lock, then ``PreemptionHook`` inside training) installs
+    its handler when it starts and puts the previous one back when it ends, in the
+    reverse order; a handler installed after ours is not touched (its owner restores)."""
+    global _previous_sigterm, _sigterm_before
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is _on_sigterm:
+        before = _sigterm_before
+        signal.signal(signal.SIGTERM, before if before is not None else signal.SIG_DFL)
+        _previous_sigterm = _sigterm_before = None
 
 
 atexit.register(release_all)

@@ -16,11 +16,9 @@ then on the hook reads the wrapper (:mod:`mmdet3d_scaling.engine.optim_state`).
 import copy
 import logging
 import math
-from functools import wraps
-from typing import Any, Callable, List, Optional
+from typing import Any, List, Optional
 
 import torch
-from mmengine.hooks import ParamSchedulerHook
 from mmengine.logging import print_log
 from mmengine.optim import OptimWrapper, OptimWrapperDict
 from mmengine.registry import PARAM_SCHEDULERS
@@ -29,15 +27,14 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from mmdet3d.registry import HOOKS
 
+from ..patches.fixes import param_scheduler_gate
 from ..engine.optim_state import (accumulation, reset_to_initial, set_accumulation,
                                   set_count_status)
 from ..registry import register
 from ..utils.model import unwrap_model
 from .accumulation_checkpoint_hook import CHECKPOINT_KEY  # noqa: F401  (kept importable)
 from .accumulation_checkpoint_hook import AccumulationCheckpointHook
-from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
-_GATED = '_mmdet3d_scaling_accumulation_gate'
 _MAX_LISTED_LAYERS = 8
 
 
@@ -62,17 +59,6 @@ def _wrapper_clip_spec(wrapper: OptimWrapper) -> Optional[dict]:
         return None
     kind = 'value' if wrapper.grad_name == 'grad_value' else 'norm'
     return dict(kwargs, type=kind)
-
-
-def _after_optimizer_step(runner, after_train_iter: Callable) -> Callable:
-
-    @wraps(after_train_iter)
-    def gated(*args, **kwargs):
-        if optimizer_stepped(runner):
-            return after_train_iter(*args, **kwargs)
-        return None
-
-    return gated
 
 
 @register(HOOKS)
@@ -137,6 +123,9 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
         self._wrapper: Optional[OptimWrapper] = None  # holds the window once requested
         self.grad_clip = dict(grad_clip) if grad_clip else None
         self._warned_batch_norm = False
+        # read by the param_scheduler_gate patch: stock ParamSchedulerHooks of this
+        # runner step per optimizer step (set in before_run when the window is > 1)
+        setattr(self, param_scheduler_gate.ASK, False)
         super().__init__()
 
     @property
@@ -163,7 +152,9 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
             return
         self._warn_batch_norm(runner)
         self._rebuild_schedulers(runner, wrapper)
-        self._gate_scheduler_hooks(runner)
+        # a stock ParamSchedulerHook (runners built without prepare_config) steps per
+        # optimizer step: the declared patch param_scheduler_gate reads this
+        setattr(self, param_scheduler_gate.ASK, True)
 
     @staticmethod
     def _trains(wrapper: Any) -> bool:
@@ -287,21 +278,6 @@ class GradientCumulativeOptimizerHook(AccumulationCheckpointHook):
             f'GradientCumulativeOptimizerHook: {self.cumulative_iters} micro-steps per '
             f'optimizer step; parameter schedulers count optimizer steps '
             f'({steps_per_epoch} per epoch, {total} in this run).', logger='current')
-
-    @staticmethod
-    def _gate_scheduler_hooks(runner) -> None:
-        """Make a stock ParamSchedulerHook step iteration-based schedulers per step.
-
-        Configs prepared by the plugin already use OptimizerStepParamSchedulerHook;
-        this covers runners built without ``prepare_config`` (``Runner(...)``).
-        """
-        for hook in runner.hooks:
-            if (isinstance(hook, ParamSchedulerHook)
-                    and getattr(hook, 'scheduler_unit', None) != 'optimizer_step'
-                    and not getattr(hook, _GATED, False)):
-                hook.after_train_iter = _after_optimizer_step(
-                    runner, hook.after_train_iter)
-                setattr(hook, _GATED, True)
 
     # ---------------------------------------------------------------- windows
     def before_train(self, runner) -> None:

@@ -14,7 +14,9 @@ from mmdet3d.registry import HOOKS
 from ..config.scaling_recipe import ScalingPlan, format_plan, recorded_plan
 from ..engine.optim_state import accumulation
 from ..registry import register
-from .gradient_cumulative_optimizer_hook import _GATED, GradientCumulativeOptimizerHook
+from ..patches import patching
+from ..patches.fixes import param_scheduler_gate
+from .gradient_cumulative_optimizer_hook import GradientCumulativeOptimizerHook
 
 META_KEY = 'scaling_plan'
 
@@ -56,12 +58,13 @@ def same_plan(old: ScalingPlan, new: ScalingPlan) -> bool:
 
 def scheduler_step_unit(runner) -> str:
     """'optimizer_step' when the runner's ParamSchedulerHook skips the micro-steps of
-    an accumulation window (ours, or the stock one gated by the accumulation hook),
-    else 'iteration' (stock mmengine)."""
+    an accumulation window (ours, or the stock one gated by the accumulation hook
+    through the ``param_scheduler_gate`` patch), else 'iteration' (stock mmengine)."""
+    stock_gated = ('param_scheduler_gate' in patching.applied()
+                   and param_scheduler_gate.gated(runner))
     for hook in runner.hooks:
         if isinstance(hook, ParamSchedulerHook):
-            if getattr(hook, 'scheduler_unit', None) == 'optimizer_step' or getattr(
-                    hook, _GATED, False):
+            if getattr(hook, 'scheduler_unit', None) == 'optimizer_step' or stock_gated:
                 return 'optimizer_step'
     return 'iteration'
 

@@ -18,10 +18,22 @@ Kinds (the patch *sets*):
 
 ``$MMDET3D_SCALING_SKIP_PATCHES`` (comma-separated patch names) keeps named patches off
 whatever selects them: the A/B switch of the benchmarks.
+
+``Patch.upstream`` is checked, not only shown: it lists requirements such as
+``'mmdet3d==1.4.0'`` (package and version range, PEP 440), and where an installed
+version is outside one of them the patch is not applied and :func:`table` says why.
+:func:`scoped` applies a selection for one block (a run) and reverts what it applied.
 """
+import contextlib
+import importlib
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, MutableMapping, Sequence, Tuple
+from importlib import metadata
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, MutableMapping,
+                    Optional, Sequence, Tuple, Union)
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.version import InvalidVersion, Version
 
 KINDS = ('fixes', 'cpu', 'speed')
 SKIP_ENV = 'MMDET3D_SCALING_SKIP_PATCHES'
@@ -44,7 +56,9 @@ class Patch:
         name: short name used in configs, the skip variable and the docs table.
         kind: one of :data:`KINDS`.
         targets: dotted names of what is replaced (for the table and the snapshot test).
-        upstream: the upstream versions the patch was written for.
+        upstream: the upstream versions the patch was written for, as requirements
+            (``'mmdet3d==1.4.0'``, ``('mmcv==2.1.0', 'mmdet3d==1.4.0')``); checked
+            against the installed versions before the patch is applied.
         why: one line: the defect or cost it removes.
         changes: returns the :class:`Change` list, built from the current values
             (called at apply time, so a patch may wrap what is bound then).
@@ -56,7 +70,7 @@ class Patch:
     name: str
     kind: str
     targets: Tuple[str, ...]
-    upstream: str
+    upstream: Union[str, Tuple[str, ...]]
     why: str
     changes: Callable[[], List[Change]] = field(repr=False)
     needed: Callable[[], bool] = field(default=lambda: True, repr=False)
@@ -66,10 +80,67 @@ class Patch:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f'patch {self.name}: kind {self.kind!r} is not one of {KINDS}')
+        upstream = (self.upstream,) if isinstance(self.upstream, str) else tuple(
+            self.upstream)
+        for spec in upstream:
+            _requirement(self.name, spec)  # a label is an error, at declaration
+        object.__setattr__(self, 'upstream', upstream)
+
+    @property
+    def requirements(self) -> List[Requirement]:
+        """``upstream`` parsed: what the installed versions are checked against."""
+        return [_requirement(self.name, spec) for spec in self.upstream]
+
+
+def _requirement(name: str, spec: Any) -> Requirement:
+    """``spec`` as a requirement with a version range, else a ValueError saying so."""
+    try:
+        requirement = Requirement(spec) if isinstance(spec, str) else None
+    except InvalidRequirement:
+        requirement = None
+    if requirement is None or not requirement.specifier:
+        raise ValueError(
+            f'patch {name}: upstream {spec!r} is not a package with a version range; '
+            "write the versions it was written for, e.g. 'mmdet3d==1.4.0' or "
+            "'mmengine>=0.10,<0.11'.")
+    return requirement
+
+
+def installed_version(package: str) -> Optional[str]:
+    """The installed version of ``package`` (its distribution, else the importable
+    module's ``__version__``: spconv ships as spconv-cu120, ...); None when absent."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        pass
+    try:
+        module = importlib.import_module(package.replace('-', '_'))
+    except ImportError:
+        return None
+    return getattr(module, '__version__', None)
+
+
+def version_mismatch(patch: Patch) -> Optional[str]:
+    """Why ``patch`` does not fit the installed versions (None: it fits)."""
+    problems = []
+    for requirement in patch.requirements:
+        found = installed_version(requirement.name)
+        if found is None:
+            problems.append(f'{requirement.name} not installed')
+            continue
+        try:
+            fits = requirement.specifier.contains(Version(found), prereleases=True)
+        except InvalidVersion:
+            fits = False
+        if not fits:
+            problems.append(f'{requirement.name} {found} installed, written for '
+                            f'{requirement.name}{requirement.specifier}')
+    return '; '.join(problems) or None
 
 
 PATCHES: Dict[str, Patch] = {}  # application order: by set (KINDS), then declaration
 _applied: Dict[str, List[Tuple[Any, str, Any, Any]]] = {}  # name -> (owner, key, old, new)
+_not_applied: Dict[str, str] = {}  # name -> why the last apply() that selected it skipped it
 
 
 def declare(patch: Patch) -> Patch:
@@ -151,21 +222,26 @@ def _set(owner: Any, key: str, value: Any) -> None:
         setattr(owner, key, value)
 
 
-def _applicable(patch: Patch, named: bool = False) -> bool:
-    """Whether ``patch`` applies here: a ``cpu`` patch selected through its set is
-    skipped where CUDA is available (named on its own, it applies: its twins serve CPU
-    tensors and pass CUDA tensors through), and any patch whose library is absent."""
+def _why_not(patch: Patch, named: bool = False) -> Optional[str]:
+    """Why ``patch`` does not apply here (None: it does): a ``cpu`` patch selected
+    through its set where CUDA is available (named on its own, it applies: its twins
+    serve CPU tensors and pass CUDA tensors through), a patch whose library or defect
+    is absent (``needed()``), an installed version outside ``upstream``."""
     if patch.kind == 'cpu' and cuda_available() and not named:
-        return False
-    return patch.needed()
+        return 'cpu set: CUDA is available'
+    if not patch.needed():
+        return 'not needed here (its library or the upstream defect is absent)'
+    return version_mismatch(patch)
 
 
 def apply(selection: Iterable[str]) -> List[str]:
     """Apply the selected sets / patches not yet applied; return the names applied now.
 
-    Skipped: a ``cpu`` patch selected through the ``cpu`` set where CUDA is available, a
-    patch whose ``needed()`` is false (its library is absent, the upstream defect is not
-    there), and one named in ``$MMDET3D_SCALING_SKIP_PATCHES``.
+    Skipped, with the reason kept for :func:`table`: a ``cpu`` patch selected through
+    the ``cpu`` set where CUDA is available, a patch whose ``needed()`` is false (its
+    library is absent, the upstream defect is not there), one whose ``upstream``
+    versions are not the installed ones, and one named in
+    ``$MMDET3D_SCALING_SKIP_PATCHES``.
     """
     if isinstance(selection, str):
         selection = [selection]
@@ -174,8 +250,13 @@ def apply(selection: Iterable[str]) -> List[str]:
     done = []
     for name in resolve(selection):
         patch = PATCHES[name]
-        if name in _applied or name in skip or not _applicable(patch, name in selection):
+        if name in _applied:
             continue
+        why = f'in ${SKIP_ENV}' if name in skip else _why_not(patch, name in selection)
+        if why is not None:
+            _not_applied[name] = why
+            continue
+        _not_applied.pop(name, None)
         record = []
         for change in patch.changes():
             old = _get(change.owner, change.key)
@@ -215,6 +296,45 @@ def applied() -> List[str]:
     return list(_applied)
 
 
+def outside_range() -> Dict[str, str]:
+    """The patches :func:`apply` skipped because an installed version is outside their
+    ``upstream`` range (or a package is missing): name -> why."""
+    return {name: why for name, why in not_applied().items()
+            if version_mismatch(PATCHES[name]) == why}
+
+
+def warn_outside_range() -> None:
+    """One warning naming the patches skipped for their versions (import time: stock
+    tools print no start-up table)."""
+    skipped = outside_range()
+    if skipped:
+        import warnings
+        warnings.warn('mmdet3d_scaling: patches not applied, the installed versions are '
+                      'not the ones they were written for (upstream code runs unchanged): '
+                      + '; '.join(f'{n}: {why}' for n, why in skipped.items()),
+                      stacklevel=2)
+
+
+def not_applied() -> Dict[str, str]:
+    """Patch name -> why the last :func:`apply` that selected it did not apply it."""
+    return {name: _not_applied[name] for name in PATCHES if name in _not_applied}
+
+
+@contextlib.contextmanager
+def scoped(selection: Iterable[str]) -> Iterator[List[str]]:
+    """Apply ``selection`` for the block, then revert what this call applied (patches
+    already in effect, e.g. the import-time sets or an enclosing scope's, stay).
+
+    Yields:
+        the names applied on entry.
+    """
+    done = apply(selection)
+    try:
+        yield done
+    finally:
+        revert(done)
+
+
 def original(name: str, key: str) -> Any:
     """The upstream value a patch replaced at ``key`` (for fallbacks and tests)."""
     for _, k, old, _ in _applied.get(name, ()):
@@ -223,12 +343,18 @@ def original(name: str, key: str) -> Any:
     raise KeyError(f'patch {name} is not applied or does not change {key!r}')
 
 
+def _state(name: str) -> str:
+    if name in _applied:
+        return 'applied'
+    return f'NOT APPLIED: {_not_applied[name]}' if name in _not_applied else 'off'
+
+
 def table(names: Sequence[str] = ()) -> str:
-    """A text table of patches (all declared when ``names`` is empty)."""
+    """A text table of patches (all declared when ``names`` is empty); the state of a
+    selected patch that was not applied says why (e.g. the installed version)."""
     rows = [PATCHES[n] for n in (names or PATCHES)]
     head = ('patch', 'kind', 'upstream', 'state', 'why')
-    body = [(p.name, p.kind, p.upstream, 'applied' if p.name in _applied else 'off',
-             p.why) for p in rows]
+    body = [(p.name, p.kind, ', '.join(p.upstream), _state(p.name), p.why) for p in rows]
     widths = [max(len(r[i]) for r in [head] + body) for i in range(4)]
     lines = ['  '.join(c.ljust(w) for c, w in zip(r[:4], widths)) + '  ' + r[4]
              for r in [head] + body]
@@ -246,7 +372,8 @@ def resolve_owner(path: str) -> Any:
 
 
 def method_patch(name: str, kind: str, owner: str, key: str, replacement: Callable,
-                 upstream: str, why: str, issue: str = '') -> Patch:
+                 upstream: Union[str, Tuple[str, ...]], why: str,
+                 issue: str = '') -> Patch:
     """A patch that replaces one method of an upstream class.
 
     ``replacement.original`` is the upstream method from declaration on, so shims can
@@ -270,5 +397,6 @@ def markdown_table() -> str:
         targets = '<br>'.join(f'`{t}`' for t in p.targets)
         when = default[p.kind] if p.in_set else opt_in.format(p.name)
         rows.append(f'| `{p.name}` | {p.kind} | {when} | {targets} | '
-                    f'{p.upstream} | {p.why} | {p.issue or "-"} |')
+                    f'{"<br>".join(f"`{u}`" for u in p.upstream)} | {p.why} | '
+                    f'{p.issue or "-"} |')
     return '\n'.join(rows)

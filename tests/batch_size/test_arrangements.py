@@ -107,6 +107,7 @@ def _forward_calls(model, module, batch) -> int:
     return len(calls)
 
 
+@pytest.mark.slow
 def test_checkpoint_switch_turns_the_configured_checkpointing_off_and_on(bevfusion):
     model, make_batch = bevfusion
     switch = CheckpointSwitch(model)
@@ -131,6 +132,7 @@ def test_checkpoint_switch_turns_the_configured_checkpointing_off_and_on(bevfusi
     assert _forward_calls(model, block, batch) == 2
 
 
+@pytest.mark.slow
 def test_checkpoint_switch_without_checkpointing(bevfusion):
     model, _ = bevfusion
     switch = CheckpointSwitch(torch.nn.Sequential(torch.nn.Linear(2, 2)))
@@ -140,6 +142,7 @@ def test_checkpoint_switch_without_checkpointing(bevfusion):
                           [Arrangement(1, True)])
 
 
+@pytest.mark.slow
 def test_finder_picks_the_fastest_that_fits_and_restores_the_model(bevfusion):
     """Modelled device: 100 MiB budget, 10 % margin -> 90 MiB; 30 MiB a sample without
     checkpointing, 12 MiB with it: batch 4 fits only with checkpointing, batch 2 and 1
@@ -179,6 +182,7 @@ def test_finder_picks_the_fastest_that_fits_and_restores_the_model(bevfusion):
     assert not model._forward_pre_hooks
 
 
+@pytest.mark.slow
 def test_budget_above_the_device_is_lowered_to_it(bevfusion):
     model, make_batch = bevfusion
     probe = ModeledCheckpointingProbe(model, capacity_bytes=50 * MiB, fixed_bytes=0)

@@ -16,6 +16,7 @@ def test_cpu_only_machine_gets_a_clear_error():
         CudaMemoryProbe()
 
 
+@pytest.mark.cuda
 @cuda
 def test_peak_counts_reserved_memory():
     probe = CudaMemoryProbe()
@@ -36,6 +37,7 @@ def test_peak_counts_reserved_memory():
     assert probe.peak_bytes() < base + 100 * MiB  # released and reset between trials
 
 
+@pytest.mark.cuda
 @cuda
 def test_limit_caps_the_allocator_and_restores_it():
     probe = CudaMemoryProbe()

@@ -34,6 +34,7 @@ def _params(model):
 
 
 # --------------------------------------------------------------------- the search
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_search_finds_largest_batch_under_the_margin(shared, parts):
     # memory = 2 MiB + 1 MiB per sample; capacity 5 MiB, 10 % kept free: limit 4.5 MiB
     probe_kwargs = dict(capacity_bytes=5 * MiB, fixed_bytes=2 * MiB, bytes_per_sample=MiB)
@@ -132,6 +133,7 @@ def test_other_errors_propagate_and_state_is_restored(shared, parts):
     assert all(torch.equal(before[k], v) for k, v in _params(model).items())
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_largest_up_to_checks_the_bound_then_bisects(shared, parts):
     """The benchmark's confirmation: the bound if it fits, else bisection from a batch
     known to fit; the model comes back unchanged."""
@@ -152,6 +154,7 @@ def test_largest_up_to_checks_the_bound_then_bisects(shared, parts):
         finder.largest_up_to(4, known_good=4)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_new_batch_each_step_draws_random_batches(shared, parts):
     model, optim_wrapper, dataset = parts
     drawn = []
@@ -238,6 +241,8 @@ def _rank_main(rank, world_size, port, data_root, out_dir):
         torch_dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ranks_agree_on_the_minimum(data_root, tmp_path):
     # forked on a CPU so the children inherit the imported stack (spawning re-imports
     # it for half a minute); spawned where CUDA is initialised

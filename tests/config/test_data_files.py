@@ -37,6 +37,7 @@ def test_complete_set_passes(tiny_root):
     check_data_paths(demo_config(tiny_root))
 
 
+@pytest.mark.slow
 def test_runner_train_names_cut_and_empty_point_files_before_training(root, tmp_path):
     cut = osp.join(root, REDUCED, '000000.bin')
     with open(cut, 'ab') as f:  # `printf abc >> 000000.bin`

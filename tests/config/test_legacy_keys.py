@@ -197,6 +197,7 @@ def test_bevfusion_1gpu_recipe_uses_auto(tmp_path):
     assert cfg.scaling_plan['plan']['total_batch'] == 32
 
 
+@pytest.mark.slow
 def test_auto_trains_through_runner_on_this_machine(tmp_path):
     runner = Runner.from_cfg(toy_config(tmp_path, amp=dict(dtype='auto')))
     runner.train()
@@ -239,6 +240,7 @@ def counter(runner: Runner) -> StepCounter:
     return next(h for h in runner.hooks if isinstance(h, StepCounter))
 
 
+@pytest.mark.slow
 def test_legacy_optimizer_config_through_runner_from_cfg(tmp_path):
     runner = Runner.from_cfg(toy_config(tmp_path, optimizer_config=dict(
         type='GradientCumulativeOptimizerHook', cumulative_iters=4)))
@@ -248,6 +250,7 @@ def test_legacy_optimizer_config_through_runner_from_cfg(tmp_path):
     assert counter(runner).changed == [3, 7]  # 8 micro-steps, 2 optimizer steps
 
 
+@pytest.mark.slow
 def test_fp16_with_accumulation_on_cpu(tmp_path):
     runner = Runner.from_cfg(toy_config(tmp_path, fp16=dict(loss_scale=512.),
                                         optimizer_config=dict(

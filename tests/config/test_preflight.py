@@ -89,6 +89,7 @@ def _without_training_data(tmp_path, tiny_root) -> str:
     return root
 
 
+@pytest.mark.slow
 def test_scaling_runner_checks_only_the_loaders_of_the_command(tmp_path, tiny_root):
     """train() names the missing training files; test() reads neither and runs."""
     from mmengine.runner import Runner
@@ -104,6 +105,7 @@ def test_scaling_runner_checks_only_the_loaders_of_the_command(tmp_path, tiny_ro
     assert any('KITTI' in key for key in metrics)
 
 
+@pytest.mark.slow
 def test_stock_config_is_not_checked(tmp_path, tiny_root):
     """Without plugin keys the hand-off leaves the config to mmengine: no preflight."""
     from mmengine.runner import Runner

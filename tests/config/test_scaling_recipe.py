@@ -154,6 +154,7 @@ def test_auto_scale_lr_alone_counts_the_accumulation(tmp_path):
     assert prepared.auto_scale_lr.enable is False  # mmengine must not scale again
 
 
+@pytest.mark.slow
 def test_runner_trains_with_the_plan_and_prints_it(tmp_path):
     cfg = toy_cfg(str(tmp_path), max_iters=2, name='plan', log_level='INFO',
                   scaling=dict(total_batch_size=8, lr_scaling='none'))

@@ -53,6 +53,7 @@ def _with_targets(batch: dict, pin: bool) -> dict:
     return batch
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 @pytest.mark.parametrize('device', DEVICES)
 def test_non_blocking_copy_delivers_the_blocking_copys_batch(device):
     config = 'configs/pv_rcnn/pv_rcnn_synthetic_kitti.py'

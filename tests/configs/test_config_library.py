@@ -164,6 +164,7 @@ def test_the_one_gpu_bevfusion_names_say_their_plans(monkeypatch):
     assert cfg.optim_wrapper.type == 'AmpOptimWrapper'
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_docs_table_lists_every_config_as_planned():
     """docs/configs.md's table of every config file (family, per-GPU batch x GPUs x
     accumulation, effective batch, LR, precision, alias of) is what the files plan."""

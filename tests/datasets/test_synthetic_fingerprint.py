@@ -64,6 +64,7 @@ def test_the_generated_set_is_pinned():
     assert {k: result[k] for k in PINNED} == PINNED
 
 
+@pytest.mark.slow
 def test_plain_cpu_kernels_generate_the_same_set():
     here = generate_and_fingerprint(FRAMES, SEED, VAL_FRAMES)
     there = _in_plain_process(
@@ -91,6 +92,7 @@ print(json.dumps({k: hashlib.sha256(np.asarray(o).tobytes()).hexdigest()
 '''
 
 
+@pytest.mark.slow
 def test_exact_math_is_the_same_on_plain_cpu_kernels():
     namespace: dict = {}
     buffer = io.StringIO()

@@ -190,6 +190,7 @@ def test_cli_writes_dataset_and_rejects_empty_split(tmp_path):
                                     '--no-progress'])
 
 
+@pytest.mark.slow
 def test_short_training_lowers_the_loss(kitti_root, tmp_path):
     """A real Runner trains the demo's PointPillars on the generated frames."""
     from mmengine.runner import Runner

@@ -64,6 +64,7 @@ def test_sync_recorder_is_a_no_op_without_cuda():
     assert rec.sites(iters=1) == []
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 def test_sync_recorder_names_the_caller_of_each_host_wait():
     x = torch.randn(64, device='cuda')

@@ -213,6 +213,7 @@ def _bench(root, out, *extra) -> int:
          'test_dataloader.persistent_workers=False', *extra])
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_two_arrangements_end_to_end(tiny_kitti, tmp_path, capsys):
     out = tmp_path / 'out'
     assert _bench(tiny_kitti, out, '--only', '1proc_b1_acc4,1proc_b4') == 0
@@ -242,6 +243,7 @@ def test_two_arrangements_end_to_end(tiny_kitti, tmp_path, capsys):
         r['train_wall_s'] for r in report['runs']]
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_a_failed_run_is_recorded_and_the_tool_exits_1(tiny_kitti, tmp_path):
     out = tmp_path / 'out'
     assert _bench(tiny_kitti, out, 'model.voxel_encoder.type=NoSuchEncoder',
@@ -251,6 +253,7 @@ def test_a_failed_run_is_recorded_and_the_tool_exits_1(tiny_kitti, tmp_path):
     assert 'NoSuchEncoder' in run['log_tail']
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_runs_at_once_keep_the_plan_order(tiny_kitti, tmp_path, capsys):
     out = tmp_path / 'out'
     assert _bench(tiny_kitti, out, '--only', '1proc_b1_acc4,1proc_b4', '--jobs', '2') == 0

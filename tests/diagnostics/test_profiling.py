@@ -103,6 +103,7 @@ def test_gpu_work_of_a_cpu_profile_is_empty():
 
 
 @needs_frames
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
 def test_gpu_work_is_filed_under_the_operator_call_site():
     from mmdet3d_scaling.diagnostics.profiling import device_work_sites
@@ -123,6 +124,7 @@ def test_gpu_work_is_filed_under_the_operator_call_site():
     assert 0 < work['linked_share'] <= 1.0
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a GPU')
 def test_gpu_time_is_counted_once():
     """The operator and its kernel both carry the kernel's time: the summary counts the

@@ -97,6 +97,8 @@ def _max_diff(a, b) -> float:
     return max((a[k] - b[k]).abs().max().item() for k in a)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(),
                     reason='CPU gloo test: with CUDA, mmengine puts the model on the GPU '
                     '(NCCL, device_ids), and forked ranks cannot use CUDA')

@@ -46,6 +46,7 @@ def test_conversion_arithmetic():
         bn.per_forward_momentum(0.1, 0)
 
 
+@pytest.mark.slow
 def test_accumulation_ends_a_step_with_the_statistics_of_no_accumulation(tmp_path):
     """One optimizer step of 4 samples (all equal): batch 4 updates the running mean once
     with m; batch 2 x accumulation 2 updates it twice: with 'per_step' (default) it ends

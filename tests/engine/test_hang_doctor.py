@@ -24,6 +24,8 @@ TRAIN = osp.join(REPO, 'tools', 'train.py')
 SLEEPY_CONFIG = sleepy_config(backend='gloo', hang_timeout_s=10, timeout_minutes=5)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_a_rank_asleep_in_its_step_is_named_and_every_process_exits(tmp_path):
     config = tmp_path / 'sleepy.py'
     config.write_text(SLEEPY_CONFIG)

@@ -28,12 +28,14 @@ def test_registered_in_mmengine_and_mmdet3d_runners():
     assert MMDET3D_RUNNERS.get('ScalingRunner') is ScalingRunner
 
 
+@pytest.mark.slow
 def test_speed_patches_only_when_the_config_selects_them(tmp_path):
-    """In a fresh process: import applies no speed patch; a config's `patches` does, and
-    the start of the run lists the patches in effect."""
+    """In a fresh process: import applies no speed patch; a config's `patches` does, for
+    its runner's build and train() only, and the start of the run lists them."""
     code = f'''
 import json
 from mmengine.config import Config
+from mmengine.hooks import Hook
 from mmengine.registry import RUNNERS
 import mmdet3d_scaling
 from mmdet3d_scaling.patches import patching
@@ -41,8 +43,16 @@ from tests.toy import toy_runner_cfg
 before = patching.applied()
 cfg = Config(toy_runner_cfg({str(tmp_path)!r}, max_iters=2, runner_type='ScalingRunner',
                             log_level='INFO', patches=['speed']))
-RUNNERS.build(cfg)
-print(json.dumps(dict(before=before, after=patching.applied())))
+runner = RUNNERS.build(cfg)
+built = patching.applied()
+during = []
+class Seen(Hook):
+    def before_train_iter(self, runner, batch_idx, data_batch=None):
+        during.append(patching.applied())
+runner.register_hook(Seen())
+runner.train()
+print(json.dumps(dict(before=before, built=built, during=during[0],
+                      skipped=list(patching.not_applied()), after=patching.applied())))
 '''
     done = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           cwd=ROOT, timeout=300)
@@ -51,9 +61,11 @@ print(json.dumps(dict(before=before, after=patching.applied())))
     from mmdet3d_scaling.patches import patching
     speed = set(patching.resolve(['speed']))
     assert not speed & set(result['before'])
-    assert speed <= set(result['after'])
+    assert not speed & set(result['built'])
+    assert speed - set(result['skipped']) <= set(result['during'])
+    assert not speed & set(result['after'])
     logged = done.stdout + done.stderr
-    assert 'patches in effect:' in logged and 'roi_assign' in logged
+    assert 'patches in effect' in logged and 'roi_assign' in logged
 
 
 def test_a_bad_patch_selection_names_it(tmp_path):

@@ -10,6 +10,8 @@ passed to both builds.
 """
 import json
 
+import pytest
+
 from tests.multiprocess import run_torchrun
 
 
@@ -22,7 +24,7 @@ import torch
 from mmengine.config import Config
 from mmengine.runner import Runner
 import mmdet3d_scaling
-from mmdet3d_scaling.engine import runner_handoff
+from mmdet3d_scaling.patches.fixes import runner_handoff
 
 def describe(runner):
     return dict(runner=type(runner).__name__, wrapper=type(runner.model).__name__,
@@ -53,6 +55,8 @@ torch.distributed.destroy_process_group()
 '''
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_stock_configs_build_as_upstream_under_torchrun(tmp_path):
     script = tmp_path / 'worker.py'
     script.write_text(WORKER)

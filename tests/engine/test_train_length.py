@@ -28,6 +28,7 @@ def _runner(tmp_path, **cfg) -> Runner:
     return Runner(**toy_runner_cfg(tmp_path, experiment_name=name, **cfg))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('iters', [3, 7])
 def test_train_for_sets_the_run_length_and_the_last_window(tmp_path, iters):
     # windows of 2 over 7 micro-batches: the last one is a partial window of 1

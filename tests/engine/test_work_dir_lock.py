@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from mmengine.logging import MMLogger
 
 from mmdet3d_scaling.engine.work_dir_lock import (WorkDirLock, _process_start_ticks,
@@ -21,6 +22,7 @@ def _wait_for_exec(pid: int) -> None:
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path):
     # a live program holds the pid that the lock names; the lock's start ticks are
     # those of an earlier process (the crashed holder), so the pid was reused
@@ -58,6 +60,7 @@ def test_a_reused_pid_is_reported_as_reused_and_the_lock_taken_over(tmp_path):
         other.wait()
 
 
+@pytest.mark.slow
 def test_the_live_holder_and_a_gone_pid_are_told_apart(tmp_path):
     me = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])
     try:
@@ -66,3 +69,27 @@ def test_the_live_holder_and_a_gone_pid_are_told_apart(tmp_path):
         me.kill()
         me.wait()
     assert why_not_running(me.pid, None) == f'process {me.pid} is not running on this host'
+
+
+def test_the_sigterm_handler_is_the_locks_only_while_a_lock_is_held(tmp_path):
+    """One owner of SIGTERM at a time: the lock's handler goes in with the first lock
+    and the one before it comes back with the last (here a callable, then SIG_IGN)."""
+    import signal
+    from mmdet3d_scaling.engine import work_dir_lock
+
+    def before(signum, frame):
+        pass
+
+    saved = signal.signal(signal.SIGTERM, before)
+    try:
+        for previous in (before, signal.SIG_IGN):
+            signal.signal(signal.SIGTERM, previous)
+            outer = WorkDirLock(str(tmp_path / 'a')).acquire()
+            inner = WorkDirLock(str(tmp_path / 'b')).acquire()
+            assert signal.getsignal(signal.SIGTERM) is work_dir_lock._on_sigterm
+            inner.release()
+            assert signal.getsignal(signal.SIGTERM) is work_dir_lock._on_sigterm
+            outer.release()
+            assert signal.getsignal(signal.SIGTERM) is previous
+    finally:
+        signal.signal(signal.SIGTERM, saved)

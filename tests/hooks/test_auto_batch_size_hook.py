@@ -68,6 +68,7 @@ def _run(cfg: Config, **hook_args) -> Runner:
     return runner
 
 
+@pytest.mark.slow
 def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path):
     work_dir = str(tmp_path / 'work')
     cfg = demo_config(data_root, work_dir, batch_size=4, max_iters=1)
@@ -106,6 +107,7 @@ def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path
     assert rec.batches == [2, 2] and runner.iter == 4  # iterations 3 and 4 of 4
 
 
+@pytest.mark.slow
 def test_scaling_recipe_with_auto_per_gpu_batch(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=1, max_iters=1)
     cfg.scaling = dict(total_batch_size=4, per_gpu_batch_size='auto')
@@ -118,6 +120,7 @@ def test_scaling_recipe_with_auto_per_gpu_batch(data_root, tmp_path):
     assert runner.cfg.scaling_plan['plan']['per_gpu_batch'] == 2
 
 
+@pytest.mark.slow
 def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=4)
     cfg.train_dataloader.dataset.dataset.indices = 4  # 4 frames
@@ -134,6 +137,7 @@ def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
     assert runner.param_schedulers[0].end == 2  # one epoch = 2 iterations now
 
 
+@pytest.mark.slow
 def test_scale_lr_instead_of_accumulating(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=4, max_iters=1)
     lr = cfg.optim_wrapper.optimizer.lr
@@ -145,6 +149,7 @@ def test_scale_lr_instead_of_accumulating(data_root, tmp_path):
     assert group['initial_lr'] == pytest.approx(lr * 0.5)  # total 4 -> 2
 
 
+@pytest.mark.slow
 def test_without_cuda_and_probe_it_keeps_the_batch(data_root, tmp_path):
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU: the hook would search on it')
@@ -155,6 +160,7 @@ def test_without_cuda_and_probe_it_keeps_the_batch(data_root, tmp_path):
     assert _hooks(runner, BatchRecorder)[0].batches == [1]
 
 
+@pytest.mark.slow
 def test_conflicting_settings_are_errors(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=2, max_iters=1)
     cfg.optim_wrapper.accumulative_counts = 2
@@ -191,6 +197,8 @@ def _ddp_rank(rank: int, data_root: str, work_dir: str, port: int) -> None:
                          wrapped=type(runner.model).__name__), f)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ranks_train_with_the_smallest_batch(data_root, tmp_path):
     """Real 2-process gloo DDP: total 4 = 2 GPUs x 2; rank 1 fits only 1, so both train
     1 x 2 GPUs x 2 accumulation, and one cache entry serves both ranks."""

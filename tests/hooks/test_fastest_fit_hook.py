@@ -86,6 +86,7 @@ def train(cfg: Config):
     return runner, hook, seen, capture.lines
 
 
+@pytest.mark.slow
 def test_fastest_that_fits_keeps_the_total_logs_and_caches(data_root, tmp_path):
     work_dir = str(tmp_path / 'work')
     runner, hook, seen, log = train(config(data_root, work_dir, probe=probe(),
@@ -134,6 +135,7 @@ def test_fastest_that_fits_keeps_the_total_logs_and_caches(data_root, tmp_path):
         train(cfg)
 
 
+@pytest.mark.slow
 def test_fixed_per_gpu_batch_leaves_only_that_batch(data_root, tmp_path):
     cfg = config(data_root, str(tmp_path), probe=probe())
     cfg.scaling.per_gpu_batch_size = 1
@@ -142,6 +144,7 @@ def test_fixed_per_gpu_batch_leaves_only_that_batch(data_root, tmp_path):
     assert seen.batches == [1, 1, 1, 1]
 
 
+@pytest.mark.slow
 def test_bad_settings_are_errors_that_name_the_value(data_root, tmp_path):
     with pytest.raises(ValueError, match=r"scaling.memory_budget='24 gigs'"):
         configure_fastest_fit(Config(dict(scaling=dict(total_batch_size=4,

@@ -63,6 +63,7 @@ def _clean_collector():
     (gc.enable if enabled else gc.disable)()
 
 
+@pytest.mark.slow
 def test_freeze_during_training_and_restore_after(tmp_path):
     assert gc.get_freeze_count() == 0
     hook = GarbageCollectionHook()
@@ -74,6 +75,7 @@ def test_freeze_during_training_and_restore_after(tmp_path):
     assert gc.get_freeze_count() == 0 and gc.isenabled()
 
 
+@pytest.mark.slow
 def test_manual_collections_at_fixed_iterations_only(tmp_path):
     hook = GarbageCollectionHook(freeze=False, collect_interval=3)
     watch = _train(tmp_path, hook, max_iters=9)
@@ -84,6 +86,7 @@ def test_manual_collections_at_fixed_iterations_only(tmp_path):
     assert gc.isenabled()
 
 
+@pytest.mark.slow
 def test_automatic_collection_during_validation(tmp_path):
     hook = GarbageCollectionHook(collect_interval=2)
     cfg = toy_runner_cfg(tmp_path, max_iters=4)
@@ -99,6 +102,7 @@ def test_automatic_collection_during_validation(tmp_path):
     assert gc.isenabled()
 
 
+@pytest.mark.slow
 def test_collector_left_disabled_if_it_was(tmp_path):
     gc.disable()
     _train(tmp_path, GarbageCollectionHook(collect_interval=2), max_iters=2)

@@ -76,6 +76,7 @@ def test_batch_size_from_common_batch_layouts():
     assert batch_size_of(object()) is None
 
 
+@pytest.mark.slow
 def test_keys_reach_message_hub_and_json_log(tmp_path):
     runner = _runner(tmp_path, max_iters=8, batch_size=2, log_interval=4)
     runner.train()
@@ -94,6 +95,7 @@ def test_keys_reach_message_hub_and_json_log(tmp_path):
         assert not any(k.startswith('train/gpu_mem') for k in hub.log_scalars)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason='checks the no-GPU path')
 def test_no_gpu_message_appears_once(tmp_path):
     dataset = ToyDataset(length=4)
@@ -104,6 +106,7 @@ def test_no_gpu_message_appears_once(tmp_path):
     assert runner.message_hub.get_scalar('train/gpu_samples_per_s').current() > 0
 
 
+@pytest.mark.slow
 def test_slow_loader_raises_data_wait_and_warns(tmp_path):
     # 6 reports (every 2 iterations), a warning at most every 4 reports: 2 warnings.
     hook = dict(type='GPUMonitorHook', starvation_threshold=0.2, starvation_warn_every=4)
@@ -122,6 +125,7 @@ def test_slow_loader_raises_data_wait_and_warns(tmp_path):
     assert STARVED_MESSAGE not in _log_text(fast)
 
 
+@pytest.mark.slow
 def test_own_interval_overrides_logger_interval(tmp_path):
     runner = _runner(tmp_path, max_iters=6, log_interval=1,
                      hook=dict(type='GPUMonitorHook', interval=3))
@@ -134,6 +138,7 @@ DEMO_CONFIG = REPO / 'configs' / 'demo' / 'pointpillars_synthetic_kitti_cpu.py'
 PLOT_TOOL = REPO / 'tools' / 'analysis' / 'plot_gpu_monitor.py'
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not DEMO_CONFIG.is_file(), reason='demo config not in this checkout')
 def test_real_pointpillars_config(tmp_path, monkeypatch):
     """The hook in a stock-style mmdet3d config: PointPillars on synthetic KITTI."""
@@ -189,6 +194,7 @@ def _ddp_worker(rank: int, work_dir: str, port: int) -> None:
     Path(work_dir, f'rank{rank}.json').write_text(json.dumps(values))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(0 < torch.cuda.device_count() < 2, reason='needs 0 or >= 2 GPUs')
 def test_across_ranks_min_max_with_two_processes(tmp_path):
     # CPU: gloo, forked so the children inherit the imported stack (seconds, not a
@@ -235,6 +241,8 @@ class _Spiky(ToyRegressor):
         return super().forward(inputs, targets, mode)
 
 
+@pytest.mark.slow
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 def test_peak_between_reports_survives_logger_resets(tmp_path):
     # Reports every 4 iterations, LoggerHook resets the peak every 2: the spike in
@@ -277,6 +285,8 @@ class _SyncGuard:
         self.hooks = [Enter(), Leave()]
 
 
+@pytest.mark.slow
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 def test_no_cuda_sync_in_the_hook(tmp_path):
     # Reports (memory counters, NVML) included: single process, so no gather either.
@@ -339,6 +349,7 @@ def _amp_series(runner, key):
     return [float(v) for v in runner.message_hub.get_scalar(f'train/amp/{key}').data[0]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('accumulation, bad, skipped, in_interval, scales', [
     # iterations 0-7, batch 2: samples 4-5 are iteration 2 (report after iteration 4)
     (1, [4], [1, 1], [1, 0], [2.0, 2.0]),
@@ -359,6 +370,7 @@ def test_skipped_steps_counted_from_real_overflows(tmp_path, accumulation, bad, 
     assert SKIPPED_MESSAGE not in _log_text(runner)
 
 
+@pytest.mark.slow
 def test_static_loss_scale_skips_are_counted(tmp_path):
     # A fixed scale (mmengine: loss_scale=512.) never changes, so only the step count
     # can show the skips.
@@ -369,6 +381,7 @@ def test_static_loss_scale_skips_are_counted(tmp_path):
     assert _amp_series(runner, 'grad_scale') == [512.0, 512.0]
 
 
+@pytest.mark.slow
 def test_interval_with_every_step_skipped_warns(tmp_path):
     runner = _amp_runner(tmp_path, range(8), max_iters=8)  # iterations 0-3 all inf
     runner.train()

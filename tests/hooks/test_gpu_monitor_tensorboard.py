@@ -88,6 +88,7 @@ def _read_events(log_dir: Path) -> Dict[str, List[Tuple[int, float]]]:
             for tag in acc.Tags()['scalars']}
 
 
+@pytest.mark.slow
 def test_monitor_scalars_arrive_in_event_file(tmp_path):
     visualizer = _switched_base(tmp_path).visualizer.to_dict()
     visualizer.pop('name')

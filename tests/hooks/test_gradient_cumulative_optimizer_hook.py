@@ -111,6 +111,7 @@ def changed_at(runner: Runner) -> List[int]:
     return [i for i in range(1, len(seen)) if not torch.equal(seen[i], seen[i - 1])]
 
 
+@pytest.mark.slow
 def test_micro_batches_equal_one_large_batch_iteration_loop(tmp_path):
     schedulers = [
         dict(type='LinearLR', start_factor=0.25, by_epoch=False, begin=0, end=2),
@@ -127,6 +128,7 @@ def test_micro_batches_equal_one_large_batch_iteration_loop(tmp_path):
     assert micro.param_schedulers[1].end == 4
 
 
+@pytest.mark.slow
 def test_epoch_end_partial_window_equals_smaller_last_batch(tmp_path):
     # 20 samples: micro-batches of 2 -> 10 per epoch -> windows 4, 4, 2;
     # batches of 8 -> 8, 8, 4. The last window's loss is divided by 2, not 4.
@@ -147,6 +149,7 @@ def test_epoch_end_partial_window_equals_smaller_last_batch(tmp_path):
     assert lrs[10] == pytest.approx(0.01)  # epoch 2 runs at the decayed LR
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('build', ['from_cfg', 'Runner'])
 def test_iteration_schedulers_step_per_optimizer_step(tmp_path, build):
     cfg = toy_cfg(tmp_path, batch_size=2, dataset_len=20, cumulative_iters=4,
@@ -162,6 +165,7 @@ def test_iteration_schedulers_step_per_optimizer_step(tmp_path, build):
     assert changed_at(runner) == [3, 7, 9]  # 10 % 4: a last window of 2
 
 
+@pytest.mark.slow
 def test_resume_in_the_middle_of_a_window(tmp_path):
     def cfg(work_dir, **extra):
         return toy_cfg(work_dir, batch_size=2, dataset_len=24, cumulative_iters=4,
@@ -187,6 +191,7 @@ def test_resume_in_the_middle_of_a_window(tmp_path):
     assert max_diff(params(lost), params(whole)) > 1e-4
 
 
+@pytest.mark.slow
 def test_window_checkpoint_hook_alone_with_accumulative_counts(tmp_path):
     # mmengine's own accumulation (optim_wrapper.accumulative_counts, what the scaling
     # recipe writes) plus AccumulationCheckpointHook: a checkpoint inside a window
@@ -210,6 +215,7 @@ def test_window_checkpoint_hook_alone_with_accumulative_counts(tmp_path):
     assert issubclass(GradientCumulativeOptimizerHook, AccumulationCheckpointHook)
 
 
+@pytest.mark.slow
 def test_batch_norm_warning_once_naming_layers(tmp_path):
     runner = train(toy_cfg(tmp_path, batch_size=2, dataset_len=8, cumulative_iters=2,
                            max_epochs=2, model='ToyBNRegressor'))
@@ -219,6 +225,7 @@ def test_batch_norm_warning_once_naming_layers(tmp_path):
                      'layer(s) (bn)') == 1
 
 
+@pytest.mark.slow
 def test_conflicting_accumulative_counts_is_an_error(tmp_path):
     cfg = toy_cfg(tmp_path, batch_size=2, dataset_len=8, cumulative_iters=4,
                   max_iters=4)

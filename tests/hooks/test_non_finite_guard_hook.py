@@ -54,6 +54,7 @@ def nan_workspace(tmp_path_factory):
     return root, _poison_intensities(str(data))
 
 
+@pytest.mark.slow
 def test_nan_points_stop_the_demo_at_iteration_1(nan_workspace):
     root, files = nan_workspace
     work = str(root / 'work')
@@ -128,6 +129,7 @@ def _amp_runner(tmp_path, bad: int = -1, clip: bool = True) -> Runner:
     return Runner(**cfg)
 
 
+@pytest.mark.slow
 def test_amp_overflow_skips_are_not_flagged(tmp_path):
     runner = _amp_runner(tmp_path)
     before = {k: v.clone() for k, v in runner.model.state_dict().items()}
@@ -140,6 +142,7 @@ def test_amp_overflow_skips_are_not_flagged(tmp_path):
     assert runner.optim_wrapper.loss_scaler.get_scale() < 2.0 ** 127  # and backed off
 
 
+@pytest.mark.slow
 def test_nan_loss_under_amp_is_flagged(tmp_path):
     runner = _amp_runner(tmp_path, bad=1)  # batch of samples 0 and 1 (no shuffle)
     with pytest.raises(NonFiniteError) as err:
@@ -149,6 +152,7 @@ def test_nan_loss_under_amp_is_flagged(tmp_path):
     assert not glob.glob(str(tmp_path / '*.pth'))
 
 
+@pytest.mark.slow
 def test_non_finite_weights_without_clipping_are_flagged(tmp_path):
     # a finite loss, but an overflowing gradient in plain fp32 SGD: weights turn inf/nan
     cfg = toy_runner_cfg(

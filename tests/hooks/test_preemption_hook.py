@@ -189,6 +189,7 @@ def interrupted_then_resumed(tmp_path, signal_hook: dict, **kwargs):
 
 
 # -------------------------------------------------------------------------- tests
+@pytest.mark.slow
 def test_sigterm_mid_epoch_saves_exits_0_and_resumes_exactly(tmp_path):
     whole, ref, resumed, run, log, saved = interrupted_then_resumed(
         tmp_path, dict(type='PRSignalAt', at=11))  # iteration 12 of 24, in epoch 2
@@ -207,6 +208,7 @@ def test_sigterm_mid_epoch_saves_exits_0_and_resumes_exactly(tmp_path):
     assert_same_weights(resumed, whole)
 
 
+@pytest.mark.slow
 def test_accumulation_saves_at_the_end_of_a_window(tmp_path):
     # 14 samples / batch 2 = 7 iterations an epoch, windows of 2 aligned to epochs:
     # epoch 2 is iterations 7..13 with windows (7, 8) (9, 10) (11, 12) (13); the signal
@@ -222,6 +224,7 @@ def test_accumulation_saves_at_the_end_of_a_window(tmp_path):
     assert_same_weights(resumed, whole)
 
 
+@pytest.mark.slow
 def test_sigusr1_from_outside_in_an_iteration_loop(tmp_path):
     # 12 iterations over 16 samples (the sampler's second pass starts at iteration 8);
     # the test's process sends SIGUSR1 once the child reached iteration 3
@@ -245,6 +248,7 @@ def test_sigusr1_from_outside_in_an_iteration_loop(tmp_path):
     assert_same_weights(resumed, whole)
 
 
+@pytest.mark.slow
 def test_sigterm_to_the_process_group_spares_the_loader_workers(tmp_path):
     # Slurm signals every process of a step: the loader worker too (torch's workers die
     # on SIGTERM, and the main process then fails "DataLoader worker ... killed")
@@ -320,6 +324,8 @@ def check_ddp_resumed(rank, world, out):
     return dict(saved=osp.basename(ckpt))
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_ranks_stop_together_and_resume_exactly(tmp_path):
     out = str(tmp_path)
     results = spawn_checks(2, out, [check_ddp_reference, check_ddp_interrupted,

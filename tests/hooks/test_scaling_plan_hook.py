@@ -20,6 +20,7 @@ def _train(work_dir, name, **kw) -> Runner:
     return runner
 
 
+@pytest.mark.slow
 def test_plan_is_saved_and_resume_converts_iterations(tmp_path):
     out = str(tmp_path)
     ref = _train(osp.join(out, 'ref'), 'ref', scaling=dict(total_batch_size=4),
@@ -46,6 +47,7 @@ def test_plan_is_saved_and_resume_converts_iterations(tmp_path):
     assert diff <= 1e-5
 
 
+@pytest.mark.slow
 def test_loading_weights_only_converts_nothing(tmp_path):
     out = str(tmp_path)
     _train(osp.join(out, 'a'), 'a', scaling=dict(total_batch_size=4))
@@ -56,6 +58,7 @@ def test_loading_weights_only_converts_nothing(tmp_path):
     assert hook.conversion is None and runner.iter == 4
 
 
+@pytest.mark.slow
 def test_new_lr_scale_alone_is_converted_on_resume(tmp_path):
     # same split (1 GPU x 2 x 2), only the LR the config was tuned for changes: the
     # checkpoint's LR (x 1) must not survive the resume (x 2 now)

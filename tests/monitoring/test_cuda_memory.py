@@ -4,7 +4,8 @@ import torch
 
 from mmdet3d_scaling.monitoring.cuda_memory import MB, CudaMemory
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+pytestmark = [pytest.mark.cuda,
+              pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')]
 
 
 def test_peak_survives_a_counter_reset():

@@ -28,6 +28,7 @@ def test_no_sampler_without_a_usable_nvml():
     assert open_nvml(torch.device('cuda', 0)) is None
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
 def test_reads_the_current_device():
     sampler = open_nvml(torch.device('cuda', torch.cuda.current_device()))

@@ -42,6 +42,8 @@ def _rank(rank: int, out: str, port: int) -> None:
         dist.destroy_process_group()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_across_ranks_with_two_gloo_processes(tmp_path):
     start_ranks(_rank, (str(tmp_path), _free_port()), nprocs=2, cpu_only=True)
     results = [json.loads((tmp_path / f'{r}.json').read_text()) for r in (0, 1)]

@@ -170,6 +170,7 @@ def test_bad_input_names_the_value():
 
 
 # ------------------------------------------------------------------------------ CUDA
+@pytest.mark.cuda
 @needs_cuda
 @pytest.mark.parametrize('seed', range(3))
 @pytest.mark.parametrize('max_points,max_voxels', [(1, 1000), (3, 50), (35, 20000)])
@@ -177,6 +178,7 @@ def test_cuda_equals_mmcv_cuda(seed, max_points, max_voxels):
     _check(_clustered(seed, 3000).cuda(), SMALL, max_points, max_voxels)
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_cuda_bevfusion_scan_boundaries_and_batch():
     scene = sample_scene(np.random.default_rng(0), KITTI_CLASSES, n_objects=12)
@@ -194,6 +196,7 @@ def test_cuda_bevfusion_scan_boundaries_and_batch():
         assert torch.equal(a, b.cpu())
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_cuda_dynamic_keeps_mmcvs_partial_rows():
     points = (torch.rand(4000, 4) * 8 - 4).cuda()  # out of SMALL's range on each axis

@@ -1,6 +1,7 @@
 """AllReduceSyncBatchNorm over 2 gloo processes equals one BatchNorm over the whole batch
 (outputs, input and parameter gradients, running statistics), with uneven and empty
 per-rank batches; and the 'allreduce' conversion reaches every BatchNorm."""
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -91,6 +92,8 @@ def _sparse_matches_dense(rank: int) -> float:
     return (out.features - dense(feats)).abs().max().item()
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_processes_equal_one_batchnorm_over_the_whole_batch(tmp_path):
     results = spawn_checks(2, str(tmp_path), [check_matches_full_batch])
     for rank_result in results:

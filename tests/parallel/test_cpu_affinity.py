@@ -235,6 +235,8 @@ with open(os.path.join(OUT, f'rank{os.environ["RANK"]}.json'), 'w') as f:
 '''
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 @pytest.mark.skipif(len(ALLOWED) < 2, reason='2 ranks need 2 CPUs to split')
 def test_two_ranks_under_torchrun_get_disjoint_shares(tmp_path):
     script = tmp_path / 'worker.py'

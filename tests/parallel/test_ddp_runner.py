@@ -155,6 +155,8 @@ def two_process_results(tmp_path_factory):
                 _accumulative_counts, results=results)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_process_ddp_equals_single_process_accumulation(two_process_results):
     assert two_process_results['ref_acc'] == 2
     for rank_result in two_process_results['results']:
@@ -166,6 +168,8 @@ def test_two_process_ddp_equals_single_process_accumulation(two_process_results)
         assert _max_diff(r['params'], two_process_results['ref']) <= TOL
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_probe_names_the_unused_parameters(two_process_results):
     for rank_result in two_process_results['results']:
         r = rank_result['check_probe_names_unused']
@@ -173,6 +177,8 @@ def test_probe_names_the_unused_parameters(two_process_results):
         assert r['find_unused'] is True
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_fp16_comm_hook_is_registered_and_trains(two_process_results):
     for rank_result in two_process_results['results']:
         r = rank_result['check_fp16_comm_hook']
@@ -182,6 +188,8 @@ def test_fp16_comm_hook_is_registered_and_trains(two_process_results):
         assert _max_diff(r['params'], two_process_results['ref']) <= 1e-2
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_resume_on_another_world_size_keeps_samples_and_lr(two_process_results):
     import json
     out = two_process_results['out']
@@ -201,11 +209,15 @@ def test_resume_on_another_world_size_keeps_samples_and_lr(two_process_results):
         assert _max_diff(params, two_process_results['ref']) <= TOL
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_seeds_differ_per_rank(two_process_results):
     seeds = [r['check_seeds_per_rank']['seed'] for r in two_process_results['results']]
     assert seeds == [123, 124]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_naive_sync_bn_synchronises_a_sparse_encoder(two_process_results):
     for rank_result in two_process_results['results']:
         r = rank_result['check_sync_bn_sparse_encoder']
@@ -214,6 +226,8 @@ def test_naive_sync_bn_synchronises_a_sparse_encoder(two_process_results):
         assert r['synced_type'] == 'NaiveSyncBatchNorm1d'
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_sync_bn_from_the_config_synchronises_statistics(two_process_results):
     for rank_result in two_process_results['results']:
         r = rank_result['check_sync_bn_from_the_config']
@@ -221,6 +235,8 @@ def test_sync_bn_from_the_config_synchronises_statistics(two_process_results):
         assert r['spread'] <= 1e-6  # each rank saw other samples, same statistics
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_four_processes_match_single_process(tmp_path):
     out = str(tmp_path)
     ref = _reference(osp.join(out, 'ref16'), 16)

@@ -1,6 +1,8 @@
 import subprocess
 import sys
 
+import pytest
+
 from mmdet3d_scaling.patches import mmcv_ops
 
 
@@ -8,6 +10,7 @@ def test_installed_mmcv_has_ops():
     mmcv_ops.check()  # the test environment is a working one
 
 
+@pytest.mark.slow
 def test_missing_ops_give_the_fix():
     # A fresh interpreter where mmcv._ext cannot be imported, as with mmcv-lite.
     code = ("import sys; sys.modules['mmcv._ext'] = None\n"

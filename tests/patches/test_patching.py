@@ -43,7 +43,7 @@ def test_apply_then_revert_restores_upstream_exactly():
 def test_revert_refuses_to_undo_a_later_change():
     owner = type('Owner', (), {'f': lambda self: 1})
     first = patching.declare(patching.Patch(
-        name='_test_first', kind='speed', targets=('Owner.f',), upstream='-', why='-',
+        name='_test_first', kind='speed', targets=('Owner.f',), upstream='torch>=1', why='-',
         changes=lambda: [patching.Change(owner, 'f', lambda self: 2)]))
     try:
         patching.apply([first.name])
@@ -81,3 +81,63 @@ def test_table_lists_state_and_reason():
     text = patching.table()
     assert text.splitlines()[0].split()[:4] == ['patch', 'kind', 'upstream', 'state']
     assert 'checkpoint' in text and 'applied' in text
+
+
+def test_upstream_must_be_a_version_range():
+    with pytest.raises(ValueError, match=r"patch _test_label: upstream 'mmdet3d 1\.4\.0' "
+                                         r"is not a package with a version range.*"
+                                         r"'mmdet3d==1\.4\.0'"):
+        patching.Patch(name='_test_label', kind='speed', targets=('x',),
+                       upstream='mmdet3d 1.4.0', why='-', changes=list)
+    with pytest.raises(ValueError, match="upstream 'mmdet3d' is not a package with"):
+        patching.Patch(name='_test_label', kind='speed', targets=('x',),
+                       upstream=('mmengine>=0.10', 'mmdet3d'), why='-', changes=list)
+
+
+@pytest.mark.slow
+def test_a_patch_outside_its_version_range_is_reported_not_applied(tmp_path):
+    """The real max_iou_assigner record, declared for an mmdet other than the installed
+    one: not applied, upstream's method stays, and the table and the runner's start-up
+    table say why; a runner that selects it builds and trains on upstream's method."""
+    import dataclasses
+
+    from mmengine.config import Config
+    from mmengine.registry import RUNNERS
+
+    from mmdet3d_scaling.engine.runner import patch_table
+    from tests.toy import toy_runner_cfg
+
+    record = patching.PATCHES['max_iou_assigner']
+    installed = patching.installed_version('mmdet')
+    was_applied = 'max_iou_assigner' in patching.applied()
+    patching.revert([record.name])
+    upstream = MaxIoUAssigner.__dict__['assign_wrt_overlaps']
+    patching.declare(dataclasses.replace(record, upstream=('mmdet==0.1.0',)))
+    try:
+        assert patching.apply(['max_iou_assigner']) == []
+        assert MaxIoUAssigner.__dict__['assign_wrt_overlaps'] is upstream
+        why = f'mmdet {installed} installed, written for mmdet==0.1.0'
+        assert patching.not_applied()['max_iou_assigner'] == why
+        assert f'NOT APPLIED: {why}' in patching.table(['max_iou_assigner'])
+        assert f'NOT APPLIED: {why}' in patch_table(['max_iou_assigner'])
+        assert patching.outside_range() == {'max_iou_assigner': why}
+        with pytest.warns(UserWarning, match=f'max_iou_assigner: {why}'):
+            patching.warn_outside_range()
+        runner = RUNNERS.build(Config(toy_runner_cfg(
+            tmp_path, max_iters=1, runner_type='ScalingRunner',
+            patches=['max_iou_assigner'])))
+        runner.train()
+        assert MaxIoUAssigner.__dict__['assign_wrt_overlaps'] is upstream
+        assert 'max_iou_assigner' not in patching.applied()
+    finally:
+        patching.declare(record)
+        patching._not_applied.pop('max_iou_assigner', None)
+        if was_applied:
+            patching.apply(['max_iou_assigner'])
+    assert patching.version_mismatch(record) is None  # the real range fits this install
+
+
+def test_a_missing_package_is_reported():
+    patch = patching.Patch(name='_test_missing', kind='speed', targets=('x',),
+                           upstream='not-a-package-here>=1', why='-', changes=list)
+    assert patching.version_mismatch(patch) == 'not-a-package-here not installed'

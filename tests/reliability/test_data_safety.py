@@ -58,6 +58,7 @@ def workspace(tmp_path_factory):
     return root
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('subcommand', ['kitti', 'nuscenes'])
 def test_create_synthetic_data_refuses_a_non_empty_out(tmp_path, subcommand):
     out = str(tmp_path / 'kitti')
@@ -72,6 +73,7 @@ def test_create_synthetic_data_refuses_a_non_empty_out(tmp_path, subcommand):
     assert _snapshot(out) == before  # not a byte written
 
 
+@pytest.mark.slow
 def test_create_synthetic_data_overwrite_and_marker(tmp_path):
     out = str(tmp_path / 'synthetic')
     args = (osp.join(TOOLS, 'create_synthetic_data.py'), 'kitti', '--out', out,
@@ -83,6 +85,7 @@ def test_create_synthetic_data_overwrite_and_marker(tmp_path):
     assert _run(*args, '--overwrite', cwd=str(tmp_path)).returncode == 0
 
 
+@pytest.mark.slow
 def test_demo_never_generates_over_foreign_files(tmp_path):
     root = str(tmp_path / 'data' / 'synthetic_kitti')
     before = _real_dataset(root)
@@ -108,6 +111,7 @@ def test_demo_generates_into_empty_or_its_own_folder(tmp_path):
     assert os.stat(empty / 'kitti_infos_val.pkl').st_mtime_ns == stamp
 
 
+@pytest.mark.slow
 def test_benchmark_json_out_is_not_replaced(tmp_path):
     result = tmp_path / 'result.json'
     result.write_text('{"summary": "yesterday"}')
@@ -118,6 +122,7 @@ def test_benchmark_json_out_is_not_replaced(tmp_path):
     assert result.read_text() == '{"summary": "yesterday"}'
 
 
+@pytest.mark.slow
 def test_camera_decoding_out_is_not_replaced(tmp_path):
     result = tmp_path / 'camera.json'
     result.write_text('{"runs": "yesterday"}')
@@ -128,6 +133,7 @@ def test_camera_decoding_out_is_not_replaced(tmp_path):
     assert result.read_text() == '{"runs": "yesterday"}'
 
 
+@pytest.mark.slow
 def test_train_names_a_zero_byte_point_file(workspace, tmp_path):
     import shutil
     shutil.copytree(workspace / 'data', tmp_path / 'data')
@@ -149,6 +155,7 @@ def test_train_names_a_zero_byte_point_file(workspace, tmp_path):
     assert 'velodyne_reduced/00000' in done.stderr and 'is empty (0 bytes)' in done.stderr
 
 
+@pytest.mark.slow
 def test_test_names_an_empty_info_file(workspace, tmp_path):
     import shutil
     shutil.copytree(workspace / 'data', tmp_path / 'data')

@@ -65,6 +65,7 @@ def killed_overwrite(tmp_path):
     return root, old_infos
 
 
+@pytest.mark.slow
 def test_killed_overwrite_leaves_old_infos_and_a_refused_folder(killed_overwrite):
     root, old_infos = killed_overwrite
     with open(osp.join(root, 'kitti_infos_train.pkl'), 'rb') as f:
@@ -83,6 +84,7 @@ def test_killed_overwrite_leaves_old_infos_and_a_refused_folder(killed_overwrite
             '--val-frames 1 --seed 1 --overwrite`') in msg
 
 
+@pytest.mark.slow
 def test_demo_data_step_writes_an_unfinished_folder_again(killed_overwrite):
     root, _ = killed_overwrite
     assert ensure_kitti(root, 2, 1, seed=0) > 0  # not "using the synthetic data"

@@ -78,6 +78,8 @@ def _checkpoints(work_dir) -> list:
 
 
 # ------------------------------------------------------------------------ launchers
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_torchrun_without_launcher_stops(config, tmp_path):
     work = tmp_path / 'work'
     proc = _run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
@@ -91,6 +93,7 @@ def test_torchrun_without_launcher_stops(config, tmp_path):
     assert _checkpoints(work) == []
 
 
+@pytest.mark.slow
 def test_launcher_pytorch_without_torchrun_is_a_named_error(config, tmp_path):
     start = time.monotonic()
     proc = _run([sys.executable, TRAIN, config, '--launcher', 'pytorch', '--work-dir',
@@ -104,6 +107,7 @@ def test_launcher_pytorch_without_torchrun_is_a_named_error(config, tmp_path):
     assert time.monotonic() - start < 60  # no rendezvous wait
 
 
+@pytest.mark.slow
 def test_launcher_auto_in_an_sbatch_batch_step_trains_alone(config, tmp_path):
     # The batch script of `sbatch --ntasks=8`: SLURM_* of the job, but no srun step.
     env = _env(SLURM_JOB_ID='4242', SLURM_NTASKS='8', SLURM_PROCID='0',
@@ -116,6 +120,7 @@ def test_launcher_auto_in_an_sbatch_batch_step_trains_alone(config, tmp_path):
     assert 'Distributed training is not used' in proc.stdout + proc.stderr
 
 
+@pytest.mark.slow
 def test_two_dist_train_at_once_both_train(config, tmp_path):
     # Each takes its own free port in torchrun's rendezvous: no check-then-release race.
     procs = [subprocess.Popen(['bash', DIST_TRAIN, config, '2', '--work-dir',
@@ -130,6 +135,7 @@ def test_two_dist_train_at_once_both_train(config, tmp_path):
         assert 'Distributed training is not used' not in log  # really 2 processes
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('script, args, env, message', [
     ('dist_train.sh', [], {}, 'missing CONFIG'),
     ('dist_train.sh', ['CFG'], {}, 'missing GPUS'),
@@ -157,6 +163,8 @@ def test_bad_script_arguments_are_named(config, tmp_path, script, args, env, mes
     assert 'torch.distributed' not in proc.stderr  # stopped before torchrun
 
 
+@pytest.mark.slow
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA to count GPUs')
 def test_more_gpus_than_visible_is_named(config, tmp_path):
     visible = torch.cuda.device_count()
@@ -193,6 +201,7 @@ def _lock(work_dir) -> dict:
         return json.load(f)
 
 
+@pytest.mark.slow
 def test_second_run_in_a_held_work_dir_is_refused(config, tmp_path):
     work = tmp_path / 'work'
     holder = _start_holder(work)
@@ -215,6 +224,7 @@ def test_second_run_in_a_held_work_dir_is_refused(config, tmp_path):
     assert holder.returncode == -signal.SIGTERM
 
 
+@pytest.mark.slow
 def test_ctrl_c_releases_the_lock(tmp_path):
     holder = _start_holder(tmp_path)
     holder.send_signal(signal.SIGINT)
@@ -222,6 +232,7 @@ def test_ctrl_c_releases_the_lock(tmp_path):
     assert not osp.exists(tmp_path / '.train.lock')
 
 
+@pytest.mark.slow
 def test_stale_lock_is_taken_over(config, tmp_path):
     work = tmp_path / 'work'
     work.mkdir()
@@ -239,6 +250,7 @@ def test_stale_lock_is_taken_over(config, tmp_path):
     assert not osp.exists(work / '.train.lock')  # released at the end
 
 
+@pytest.mark.slow
 def test_runner_train_takes_the_lock(tmp_path):
     """ScalingRunner.train() itself (the route of mmdet3d's stock tools/train.py)."""
     import mmdet3d_scaling  # noqa: F401
@@ -317,6 +329,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_http_checkpoint_is_downloaded_on_every_node(tmp_path):
     served = tmp_path / 'served'
     served.mkdir()

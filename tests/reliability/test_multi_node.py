@@ -86,6 +86,8 @@ def two_node_run(workspace):
     return work, logs
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_nodes_train_one_job_with_one_writer(two_node_run):
     work, logs = two_node_run
     both = ''.join(logs)
@@ -99,6 +101,8 @@ def test_two_nodes_train_one_job_with_one_writer(two_node_run):
     assert not (work / '.train.lock').exists()  # one holder (global rank 0), released
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_two_node_checkpoint_resumes_on_one_node_with_the_recipe(workspace, two_node_run):
     work, _ = two_node_run
     resume = Node(workspace, ['2', '--work-dir', str(work), '--resume', '--cfg-options',
@@ -112,6 +116,8 @@ def test_two_node_checkpoint_resumes_on_one_node_with_the_recipe(workspace, two_
     assert log.count('ScalingRunner: plugin keys in this config') == 1
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_killing_one_node_stops_the_other_within_the_doctor_time(workspace):
     options = [o for o in OPTIONS if not o.startswith('train_cfg.max_iters')]
     nodes = _two_nodes(workspace, ['--work-dir', str(workspace / 'killed'), '--cfg-options',

@@ -146,6 +146,7 @@ def assert_same_lr_from(resumed: dict, reference: dict) -> None:
 
 
 # ------------------------------------------------------- plan change: total batch
+@pytest.mark.slow
 def test_total_batch_change_resumes_with_the_new_lr_and_schedule(tmp_path):
     out = str(tmp_path)
     # A: 4 = 1 GPU x 2 x 2 accumulation, LR x 1; checkpoint after 4 steps (16 samples)
@@ -184,6 +185,8 @@ def check_resume_mid_window_on_two_gpus(rank, world, out):
     return dict(conversion=hook.conversion)
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_world_size_change_from_a_mid_window_checkpoint(tmp_path):
     out = str(tmp_path)
     # A: 1 GPU x 2 x 2 accumulation; a CheckpointHook the recipe does not convert
@@ -206,6 +209,7 @@ def test_world_size_change_from_a_mid_window_checkpoint(tmp_path):
 
 
 # -------------------------------------------- checkpoints and windows under the recipe
+@pytest.mark.slow
 def test_recipe_checkpoints_land_on_window_ends(tmp_path):
     # interval 2 and save_begin 1 optimizer steps, 2 micro-batches per step
     cfg = recipe_cfg(str(tmp_path), 'ends', 4, steps=6)
@@ -229,6 +233,7 @@ Runner.from_cfg(Config.fromfile({config!r})).train()
 """
 
 
+@pytest.mark.slow
 def test_kill_9_inside_a_window_then_resume_is_bit_exact(tmp_path):
     # a checkpoint every 5 iterations (not a multiple of the accumulation 2): the
     # recipe's AccumulationCheckpointHook puts the unfinished window into it
@@ -266,6 +271,7 @@ def _resume(tmp_path, ckpt: str, model: str, **extra) -> Runner:
     return train(resume_cfg(cfg, ckpt))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('model,expected', [
     ('H4ToyWithBN', ['4 missing, 0 unexpected, 0 shape-mismatched', 'missing: bn.weight, '
                      'bn.bias, bn.running_mean, bn.running_var']),
@@ -283,20 +289,24 @@ def test_resume_refuses_a_checkpoint_of_another_model(tmp_path, toy_checkpoint, 
     assert not glob.glob(str(tmp_path / 'iter_*.pth'))  # nothing trained
 
 
+@pytest.mark.slow
 def test_resume_strict_false_loads_anyway(tmp_path, toy_checkpoint):
     runner = _resume(tmp_path, toy_checkpoint, 'RZToyWithBuffer', resume_strict=False)
     assert runner.iter == 4  # resumed at 2, trained 2 more
 
 
+@pytest.mark.slow
 def test_resume_strict_must_be_a_bool(tmp_path, toy_checkpoint):
     with pytest.raises(ValueError, match="resume_strict must be True or False, got 'no'"):
         _resume(tmp_path, toy_checkpoint, 'H4ToyRegressor', resume_strict='no')
 
 
+@pytest.mark.slow
 def test_matching_resume_is_unchanged(tmp_path, toy_checkpoint):
     assert _resume(tmp_path, toy_checkpoint, 'H4ToyRegressor').iter == 4
 
 
+@pytest.mark.slow
 def test_load_from_finetunes_leniently_with_a_summary(tmp_path, toy_checkpoint):
     cfg = toy_cfg(str(tmp_path), name='finetune', max_iters=1, model='H4ToyWithUnused',
                   load_from=toy_checkpoint, trusted_checkpoints=[toy_checkpoint])
@@ -320,6 +330,7 @@ def _test_config(tmp_path, model: str) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_tools_test_refuses_to_score_a_mismatching_checkpoint(tmp_path, toy_checkpoint):
     config = _test_config(tmp_path, 'H4ToyWithBN')
     proc = subprocess.run(

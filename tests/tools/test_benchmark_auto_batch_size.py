@@ -36,6 +36,7 @@ def run(tmp_path_factory):
     return json.loads(out.read_text()), done.stdout, out
 
 
+@pytest.mark.slow
 def test_search_bound_and_confirmation(run):
     result, stdout, out = run
     # the table of what was written, then where
@@ -54,6 +55,7 @@ def test_search_bound_and_confirmation(run):
     assert result['targets']['no_oom'] and result['targets']['search_lt_60s']
 
 
+@pytest.mark.slow
 def test_bad_verify_steps_is_an_error():
     done = _cli('x.py', '--verify-steps', '-1')
     assert done.returncode == 2  # argparse's usage error

@@ -85,6 +85,7 @@ def _throughput(raw: dict) -> float:
             / max(r['seconds'] for r in raw['ranks']))
 
 
+@pytest.mark.slow
 def test_outputs_written(bench):
     out, proc = bench
     for name in ('scaling.json', 'scaling.md', 'scaling.png'):
@@ -99,6 +100,7 @@ def test_outputs_written(bench):
     assert 'wrote' in proc.stdout
 
 
+@pytest.mark.slow
 def test_figures_come_from_the_measured_runs(bench):
     out, _ = bench
     result = json.loads((out / 'scaling.json').read_text())
@@ -135,6 +137,7 @@ def test_figures_come_from_the_measured_runs(bench):
     assert rows[2]['gpu_monitor'].get('gpu_samples_per_s_min') is not None  # cross-rank
 
 
+@pytest.mark.slow
 def test_comm_time_from_the_comm_off_run(bench):
     out, _ = bench
     rows = {r['world_size']: r for r in json.loads((out / 'scaling.json').read_text())['rows']}
@@ -149,6 +152,7 @@ def test_comm_time_from_the_comm_off_run(bench):
     assert not (out / f'{LABEL}_n1_comm-off').exists()  # no comm-off run for 1 process
 
 
+@pytest.mark.slow
 def test_profile_runs_find_the_collectives(bench):
     """--profile-steps: a separate profiled run per N; per-rank summaries in the rows and
     a second table. Over gloo the all-reduces show up as CPU-side collective time."""
@@ -204,6 +208,7 @@ def test_a_result_counts_only_with_every_rank(tmp_path):
     assert launch.read_result(str(path), 2)['ranks'][1]['rank'] == 1
 
 
+@pytest.mark.slow
 def test_independent_runs_give_the_no_communication_ceiling(bench):
     """--independent: two single-process runs at once, no process group; their summed
     rate against the 2-process run and the 1-process run."""
@@ -249,6 +254,7 @@ def test_window_overlap_and_start_barrier(tmp_path):
         benchmark_timer_hook.wait_for_peers(str(tmp_path / 'two'), 2, timeout_s=0.05)
 
 
+@pytest.mark.slow
 def test_independent_runs_stop_together_when_one_fails():
     """A run that fails stops its peers at once instead of leaving them at the start
     barrier until the time limit."""
@@ -262,6 +268,7 @@ def test_independent_runs_stop_together_when_one_fails():
     assert late.returncode is not None
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_clear_errors():
     """Usage errors of the command line, all started at once (each a Python start)."""
     bad = {  # arguments -> what the error says
@@ -284,6 +291,7 @@ def test_bad_arguments_are_clear_errors():
         comparison.compare_stock(args, [dict(world_size=1)])
 
 
+@pytest.mark.slow
 def test_four_process_gloo_smoke(tmp_path, data_root):
     """The multi-process smoke run: 4 gloo processes (on any core count) train the PointPillars
     synthetic config with its own effective batch 8 (2 x 4 x 1); ~45 s on 2 cores."""
@@ -306,6 +314,7 @@ def test_four_process_gloo_smoke(tmp_path, data_root):
 STOCK = 'mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-3class.py'
 
 
+@pytest.mark.slow
 def test_stock_comparison_at_equal_settings_and_as_shipped(tmp_path, data_root):
     """--compare-stock: stock mmdet3d (no plugin) trains its own model on the plugin
     config's dataset to the plugin run's effective batch (6), first at the plugin run's
@@ -347,6 +356,7 @@ def test_stock_batch_must_divide_the_effective_batch():
         comparison.stock_accumulation(8, 6, 1)
 
 
+@pytest.mark.slow
 def test_warmup_iters_and_step_times(tmp_path, data_root):
     """--warmup-iters counts micro-batches of the process: with accumulation 2 (one
     process, effective batch 4 = 2 x acc 2), 3 iterations round up to 2 warm-up steps;
@@ -389,6 +399,7 @@ def test_lockstep_bound_arithmetic():
         mean / (1 * 0.75 ** 2 + 2 * (1 - 0.75 ** 2)))
 
 
+@pytest.mark.slow
 def test_repeats_alternate_the_order_and_report_the_median(tmp_path, data_root):
     """--repeats 2: rounds 1,2 then 2,1; the table row is the lower-median run of each
     count and every round's efficiency is its 2-process run against its own 1-process
@@ -428,6 +439,8 @@ def test_median_row_and_round_order():
     assert benchmark.round_order([1, 2, 4], 1) == [4, 2, 1]
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
     """--ddp-one: the 1-process case again through torchrun as a distributed run of one
     process (gloo here), wrapped in the plugin's DDP wrapper; its cost in the table."""

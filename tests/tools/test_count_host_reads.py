@@ -39,6 +39,7 @@ def counts(tmp_path_factory):
             _count(base, config, 'shimmed', 'anchor_targets', '--launches', '--cuda-api'))
 
 
+@pytest.mark.slow
 def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_shim(counts):
     upstream, shimmed = counts
     assert upstream['steps'] == 1 and upstream['samples'] == 2
@@ -52,6 +53,7 @@ def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_shim(counts):
     assert shimmed['reads_per_step'] < upstream['reads_per_step']
 
 
+@pytest.mark.slow
 def test_launches_are_counted_by_site_beside_the_reads(counts):
     """--launches (shimmed run only): kernel-running operators by call site, copies among
     them; the read counts above are the same with the launch census on."""
@@ -71,12 +73,14 @@ def test_launches_are_counted_by_site_beside_the_reads(counts):
     assert counts_desc == sorted(counts_desc, reverse=True)
 
 
+@pytest.mark.slow
 def test_bad_arguments_are_errors():
     proc = subprocess.run([sys.executable, str(TOOL), 'x.py', '--steps', '0'],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and '--steps must be >= 1, got 0' in proc.stderr
 
 
+@pytest.mark.slow
 def test_cuda_api_profile_runs_after_the_counts(counts):
     """--cuda-api (shimmed run): further steps under torch.profiler; on a CPU there are
     no CUDA calls to count (GPU attribution: tests/diagnostics/test_profiling.py)."""

@@ -12,6 +12,7 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[2] / 'benchmarks' / 'neighbour_load.py'
 
 
+@pytest.mark.slow
 def test_cpu_load_stops_at_its_time_limit():
     start = time.monotonic()
     proc = subprocess.run([sys.executable, str(SCRIPT), 'cpu', '--seconds', '1',
@@ -21,6 +22,7 @@ def test_cpu_load_stops_at_its_time_limit():
     assert time.monotonic() - start < 30
 
 
+@pytest.mark.slow
 def test_sigterm_ends_the_load_with_its_report():
     proc = subprocess.Popen([sys.executable, str(SCRIPT), 'cpu', '--seconds', '300',
                              '--procs', '2'], stdout=subprocess.PIPE, text=True)
@@ -32,6 +34,7 @@ def test_sigterm_ends_the_load_with_its_report():
     assert seconds < 60  # stopped by the signal, not by --seconds
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('args, message', [
     (['cpu', '--seconds', '0'], '--seconds must be > 0'),
     (['cpu', '--procs', '0'], '--procs >= 1'),

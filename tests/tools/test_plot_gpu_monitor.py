@@ -8,6 +8,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import pytest
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
@@ -37,6 +38,7 @@ def _assert_pngs(paths):
         assert data.startswith(PNG_MAGIC) and len(data) > 5000, path
 
 
+@pytest.mark.slow
 def test_plots_from_a_work_dir(tmp_path):
     _train(tmp_path / 'work', monitor=True)
     out = tmp_path / 'plots'
@@ -48,6 +50,7 @@ def test_plots_from_a_work_dir(tmp_path):
     assert result.stdout.count('.png') == len(names)
 
 
+@pytest.mark.slow
 def test_default_out_dir_and_direct_json(tmp_path):
     _train(tmp_path, monitor=True)
     log = next(tmp_path.glob('*/vis_data/scalars.json'))
@@ -56,6 +59,7 @@ def test_default_out_dir_and_direct_json(tmp_path):
     _assert_pngs((log.parent / 'gpu_monitor_plots').iterdir())
 
 
+@pytest.mark.slow
 def test_log_without_monitor_keys_is_a_clear_error(tmp_path):
     _train(tmp_path, monitor=False)
     result = _run_tool(tmp_path)
@@ -64,6 +68,7 @@ def test_log_without_monitor_keys_is_a_clear_error(tmp_path):
     assert "custom_hooks = [dict(type='GPUMonitorHook')]" in result.stderr
 
 
+@pytest.mark.slow
 def test_missing_path_is_named(tmp_path):
     result = _run_tool(tmp_path / 'nope')
     assert result.returncode == 1 and 'nope' in result.stderr

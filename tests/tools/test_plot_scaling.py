@@ -13,6 +13,7 @@ TOOL = REPO / 'tools' / 'analysis' / 'plot_scaling.py'
 MEASURED = REPO / 'docs' / 'data' / 'scaling_h200_x2.json'
 
 
+@pytest.mark.slow
 def test_plots_the_measured_rows(tmp_path):
     out = tmp_path / 'chart.png'
     proc = subprocess.run([sys.executable, str(TOOL), str(MEASURED), '--out', str(out)],

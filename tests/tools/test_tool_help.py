@@ -113,6 +113,7 @@ def test_tools_are_found():
     assert 'tools/benchmark_view_transform.py' in TOOLS
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('name', TOOLS + MODULES)
 def test_every_argument_has_help(name, recorded):
     rows = recorded[name]
@@ -132,6 +133,7 @@ def test_exposed_engine_parsers(build):
     assert not missing, f'{build.__name__} (mmdet3d_scaling/engine/cli.py): {missing}'
 
 
+@pytest.mark.slow
 def test_recorder_reports_an_argument_without_help(recorder_dir, tmp_path):
     """The check can fail: a parser with a bare argument is reported by name."""
     script = tmp_path / 'bare_tool.py'

@@ -49,6 +49,7 @@ def _run(args, cwd, env=None, timeout=600) -> subprocess.CompletedProcess:
     return proc
 
 
+@pytest.mark.slow
 def test_stock_mmdet3d_tools_run_our_config(workspace):
     work = str(workspace / 'stock')
     train = _run([sys.executable, osp.join(STOCK_TOOLS, 'train.py'), DEMO,
@@ -66,6 +67,8 @@ def test_stock_mmdet3d_tools_run_our_config(workspace):
     assert 'pred_instances_3d/KITTI/Overall_3D_AP40_moderate:' in test.stdout + test.stderr
 
 
+@pytest.mark.multiprocess
+@pytest.mark.slow
 def test_dist_train_two_processes_while_the_default_port_is_taken(workspace):
     with socket.socket() as busy:
         try:
@@ -85,6 +88,7 @@ def test_dist_train_two_processes_while_the_default_port_is_taken(workspace):
     assert 'Distributed training is not used' not in log  # really 2 processes
 
 
+@pytest.mark.slow
 def test_unknown_launcher_is_named(workspace):
     proc = _run([sys.executable, osp.join(REPO, 'tools', 'train.py'), DEMO,
                  '--launcher', 'torchrun'], cwd=workspace, timeout=300)

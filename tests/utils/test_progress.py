@@ -188,6 +188,7 @@ def demo_config(tmp_path_factory) -> str:
     return write_demo_config(str(tmp_path_factory.mktemp('progress_demo')))
 
 
+@pytest.mark.slow
 def test_count_host_reads_bar_and_unchanged_output(demo_config, tmp_path):
     def run(name: str, *extra: str) -> Tuple[str, str]:
         rc, out, tty = run_on_terminal(
@@ -205,6 +206,7 @@ def test_count_host_reads_bar_and_unchanged_output(demo_config, tmp_path):
     assert _same_but_figures(out_bar, out_quiet), (out_bar, out_quiet)
 
 
+@pytest.mark.slow
 def test_auto_batch_size_bar_and_unchanged_output(demo_config, tmp_path):
     def run(name: str, *extra: str) -> Tuple[str, str]:
         rc, out, tty = run_on_terminal(
@@ -225,6 +227,7 @@ def test_auto_batch_size_bar_and_unchanged_output(demo_config, tmp_path):
     assert _same_but_figures(out_bar, out_quiet), (out_bar, out_quiet)
 
 
+@pytest.mark.slow
 def test_benchmark_scaling_bars_and_unchanged_output(tmp_path_factory, tmp_path):
     from tests.tools.test_benchmark_scaling import CONFIG, small_config_options
     data_root = write_dataset(str(tmp_path_factory.mktemp('progress_kitti')),

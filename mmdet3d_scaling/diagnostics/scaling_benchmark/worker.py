@@ -115,6 +115,8 @@ def _stock_config(spec: Dict[str, Any]) -> Any:
             cfg.train_dataloader.persistent_workers = spec['num_workers'] > 0
         cfg.setdefault('env_cfg', {})['cudnn_benchmark'] = spec.get('cudnn_benchmark', False)
         if spec.get('float32_matmul_precision'):
+            # the stock run's process, without the plugin (no ScalingRunner owns it):
+            # one run, then the process ends
             import torch
             torch.set_float32_matmul_precision(spec['float32_matmul_precision'])
     return cfg

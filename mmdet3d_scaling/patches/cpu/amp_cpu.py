@@ -22,7 +22,7 @@ import torch
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 
 
 def accelerator_available() -> bool:

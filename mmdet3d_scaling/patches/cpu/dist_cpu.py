@@ -12,7 +12,7 @@ from typing import Callable, List
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x, CPU-only torch'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 _LAUNCH_FUNCTIONS = ('_init_dist_pytorch', '_init_dist_mpi', '_init_dist_slurm')
 
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 MODULE = 'mmdet3d.evaluation.functional.kitti_utils.rotate_iou'
 
 

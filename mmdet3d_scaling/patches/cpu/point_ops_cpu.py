@@ -16,7 +16,7 @@ import torch
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmcv 2.1.0 (used by mmdet3d 1.4.0)'
+UPSTREAM = ('mmcv==2.1.0', 'mmdet3d==1.4.0')
 
 # module -> names it imported from mmcv.ops that have no CPU kernel
 TARGETS = {

@@ -21,7 +21,7 @@ import torch
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'spconv 2.3.x'
+UPSTREAM = 'spconv>=2.3,<2.4'
 _MODULES = ('spconv.pytorch.cppcore', 'spconv.pytorch.ops', 'spconv.pytorch.hash',
             'spconv.pytorch.utils')
 

@@ -11,10 +11,12 @@ contain (:data:`MMENGINE_CHECKPOINT_GLOBALS`). A file that needs anything else i
 refused with an error naming the globals; full unpickling (which can run arbitrary code)
 happens only for files the user declared trusted, one by one:
 
-- ``tools/train.py ... --trust-checkpoint PATH`` (repeatable), or
-- ``trusted_checkpoints = ['PATH', ...]`` in the config, or
-- ``MMDET3D_SCALING_TRUSTED_CHECKPOINTS=PATH1:PATH2`` in the environment (what the
-  other two set, so that every rank of a distributed run sees it).
+- ``tools/train.py ... --trust-checkpoint PATH`` (repeatable; every rank parses it):
+  trusted for the rest of the process, or
+- ``trusted_checkpoints = ['PATH', ...]`` in the config: trusted while that runner
+  builds, trains, validates or tests (``engine/run_settings.py``), then no longer, or
+- ``MMDET3D_SCALING_TRUSTED_CHECKPOINTS=PATH1:PATH2`` in the environment, read only:
+  the plugin never writes it, so child processes inherit nothing from a run.
 
 There is deliberately no switch that trusts every file, and loading a trusted file logs
 its path and the globals outside the allow-list that it holds (what full unpickling
@@ -37,7 +39,7 @@ import torch
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x with torch >= 2.6'
+UPSTREAM = ('mmengine>=0.10,<0.11', 'torch>=2.0')
 TRUSTED_ENV = 'MMDET3D_SCALING_TRUSTED_CHECKPOINTS'
 
 
@@ -92,20 +94,37 @@ def _global_name(entry: Any) -> str:
     return f'{entry.__module__}.{entry.__qualname__}'
 
 
+_trusted: List[str] = []  # declared in this process: --trust-checkpoint, a run's config
+
+
+def _absolute(path: Any) -> str:
+    return osp.abspath(osp.expanduser(str(path)))
+
+
 def trusted_paths() -> List[str]:
     """Absolute paths the user declared trusted (see module docstring)."""
     raw = os.environ.get(TRUSTED_ENV, '')
-    return [osp.abspath(osp.expanduser(p)) for p in raw.split(os.pathsep) if p]
+    known = [_absolute(p) for p in raw.split(os.pathsep) if p]
+    return known + [p for p in _trusted if p not in known]
 
 
 def trust_checkpoints(paths: Iterable[str]) -> None:
-    """Declare checkpoint files trusted for full unpickling (this process and children)."""
-    known = trusted_paths()
+    """Declare checkpoint files trusted for full unpickling, in this process only
+    (the environment is left alone: children inherit nothing)."""
     for path in paths:
-        full = osp.abspath(osp.expanduser(str(path)))
-        if full not in known:
-            known.append(full)
-    os.environ[TRUSTED_ENV] = os.pathsep.join(known)
+        full = _absolute(path)
+        if full not in _trusted:
+            _trusted.append(full)
+
+
+def declared_trusted() -> List[str]:
+    """The paths declared trusted in this process (the environment's not included)."""
+    return list(_trusted)
+
+
+def set_declared_trusted(paths: Iterable[str]) -> None:
+    """Replace the paths declared in this process (a run's end restores its start)."""
+    _trusted[:] = [_absolute(p) for p in paths]
 
 
 class CorruptCheckpointError(RuntimeError):

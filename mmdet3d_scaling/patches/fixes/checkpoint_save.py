@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Optional
 from ...utils.atomic_io import atomic_write
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 #: modules that bind ``save_checkpoint`` at import (the hooks and strategies look it up
 #: in these at call time)
 OWNERS = ('mmengine.runner.checkpoint', 'mmengine.runner', 'mmengine.runner.runner')

@@ -35,7 +35,7 @@ from mmengine.hub import hub as hub_module
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 SCOPE = 'mmdet3d_scaling'
 DISTRIBUTION = 'mmdet3d-scaling'
 CONFIG_SCOPE = 'mmdet3d'  # the registry scope our configs are written for

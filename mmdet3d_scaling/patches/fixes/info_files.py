@@ -16,7 +16,7 @@ from typing import Any, Callable, List
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x, mmdet3d 1.4.0'
+UPSTREAM = ('mmengine>=0.10,<0.11', 'mmdet3d==1.4.0')
 _FILEIO = f'{os.sep}mmengine{os.sep}fileio{os.sep}'
 
 

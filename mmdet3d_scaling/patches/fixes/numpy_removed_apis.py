@@ -12,7 +12,7 @@ import numpy as np
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'numpy >= 2.5 with mmdet3d 1.4.0 / numba'
+UPSTREAM = ('numpy>=2.5', 'mmdet3d==1.4.0')
 
 
 def _changes() -> List[Change]:

@@ -14,7 +14,7 @@ from mmengine.logging import print_log
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmdet3d 1.4.0 with nuscenes-devkit 1.x'
+UPSTREAM = ('mmdet3d==1.4.0', 'nuscenes-devkit>=1,<2')
 
 
 def _count_boxes(result_path: str) -> int:

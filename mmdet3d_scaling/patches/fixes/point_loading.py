@@ -20,7 +20,7 @@ import numpy as np
 from ...datasets.point_files import size_fix, size_problem
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 class CorruptPointCloudError(ValueError):

@@ -18,10 +18,13 @@ import importlib
 import importlib.util
 from typing import Callable, List
 
-from ...models.bevfusion.sparse_backend import load_with_layout
-from ..patching import Change, Patch, declare
+from packaging.requirements import Requirement
 
-UPSTREAM = 'mmdet3d 1.4.0, mmcv 2.1.0, spconv 2.3.x'
+from ...models.bevfusion.sparse_backend import load_with_layout
+from ..patching import Change, Patch, declare, installed_version
+
+UPSTREAM = ('mmcv==2.1.0', 'mmdet3d==1.4.0')
+SPCONV = 'spconv>=2.3,<2.4'  # spconv is optional: its loader is replaced only in this range
 OWNERS = ('mmcv.ops.sparse_conv', 'spconv.pytorch.conv')
 
 
@@ -40,10 +43,15 @@ def _loader() -> Callable:
     return _load_from_state_dict
 
 
+def _spconv_in_range() -> bool:
+    found = installed_version('spconv')
+    return found is not None and Requirement(SPCONV).specifier.contains(found)
+
+
 def _changes() -> List[Change]:
     changes = []
     for name in OWNERS:
-        if _installed(name):
+        if _installed(name) and (name.startswith('mmcv') or _spconv_in_range()):
             cls = importlib.import_module(name).SparseConvolution
             changes.append(Change(cls, '_load_from_state_dict', _loader()))
     return changes

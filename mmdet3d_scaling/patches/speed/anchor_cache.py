@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 KEPT = 4  # feature-size / device keys a generator keeps (oldest dropped first)
 SETTINGS = ('ranges', 'sizes', 'scales', 'rotations', 'custom_values', 'reshape_out',
             'size_per_range', 'align_corner')

@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import pad_sequence
 from ._batched_assign import assign_masked, real_rows, sample_chunks
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _batchable(head, anchor_list, gts, gts_ignore) -> bool:

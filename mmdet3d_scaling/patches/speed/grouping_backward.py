@@ -23,7 +23,7 @@ import torch
 
 from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmcv 2.1.0 (used by mmdet3d 1.4.0)'
+UPSTREAM = ('mmcv==2.1.0', 'mmdet3d==1.4.0')
 TARGET = 'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module'
 
 

@@ -21,7 +21,7 @@ import torch
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 
 
 def _gathers_by_tensor(value: Any) -> bool:

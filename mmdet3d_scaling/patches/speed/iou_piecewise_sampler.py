@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _pieces(sampler) -> List[tuple]:

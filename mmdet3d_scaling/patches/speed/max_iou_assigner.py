@@ -23,7 +23,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet 3.3.0'
+UPSTREAM = 'mmdet==3.3.0'
 
 
 def _low_quality_matches(overlaps: Tensor, gt_max: Tensor, gt_argmax: Tensor,

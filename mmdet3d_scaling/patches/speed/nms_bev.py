@@ -18,7 +18,7 @@ from torch import Tensor
 
 from ..patching import Change, Patch, declare, resolve_owner
 
-UPSTREAM = 'mmdet3d 1.4.0, mmcv 2.1.0'
+UPSTREAM = ('mmdet3d==1.4.0', 'mmcv==2.1.0')
 #: the modules that bind mmdet3d's ``nms_bev`` (its own, then each importer's name)
 MODULES = ('mmdet3d.models.layers.box3d_nms', 'mmdet3d.models.layers',
            'mmdet3d.models.dense_heads.parta2_rpn_head',

@@ -15,7 +15,7 @@ import torch
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def positive_and_negative(gt_inds: torch.Tensor):

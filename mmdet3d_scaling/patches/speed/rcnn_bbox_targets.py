@@ -17,7 +17,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _canonical_yaw(yaw: Tensor) -> Tensor:

@@ -37,7 +37,7 @@ from ._batched_assign import assign_masked
 from ..patching import declare, method_patch
 from .instance_data_index import take_rows
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 # On a CPU mmcv's rotated IoU runs an operator a box pair and a host read costs nothing:
 # there the class split (fewer pairs) is the faster path; the batched one is for GPUs.
 BATCHED_ON_CPU = False

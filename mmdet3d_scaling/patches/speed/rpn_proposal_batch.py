@@ -32,7 +32,7 @@ from ..patching import declare, method_patch
 from .rpn_proposal_nms import class_agnostic_nms as one_wait_nms
 from .rpn_proposal_nms import proposals
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _own_code(head) -> bool:

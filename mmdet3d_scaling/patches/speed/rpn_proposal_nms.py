@@ -14,7 +14,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _result(boxes: Tensor, scores: Tensor, labels: Tensor, cls_scores: Tensor,

@@ -26,7 +26,7 @@ from torch import Tensor
 from ...ops import sparse_conv as batched
 from ..patching import Change, Patch, declare, resolve_owner
 
-UPSTREAM = 'mmcv 2.1.0'
+UPSTREAM = 'mmcv==2.1.0'
 MODULE = 'mmcv.ops.sparse_functional'
 FUNCTIONS = ('indice_conv', 'indice_subm_conv', 'indice_inverse_conv')
 

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..patching import declare, method_patch
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 MODULE = 'mmdet3d.models.layers.pointnet_modules.stack_point_sa_module'
 
 

@@ -27,7 +27,7 @@ from torch import Tensor
 from ...ops.voxelization import grid_shape, hard_voxelize
 from ..patching import Change, Patch, declare, resolve_owner
 
-UPSTREAM = 'mmcv 2.1.0, mmdet3d 1.4.0'
+UPSTREAM = ('mmcv==2.1.0', 'mmdet3d==1.4.0')
 MODULES = ('mmcv.ops.voxelize', 'mmdet3d.models.data_preprocessors.voxelize')
 _CPU_DTYPES = (torch.float32, torch.float16, torch.float64)  # mmcv's CPU dispatch
 

@@ -22,7 +22,7 @@ from ...ops.voxelization import hard_voxelize_batch
 from ..patching import declare, method_patch
 from .voxelization_layer import handles
 
-UPSTREAM = 'mmdet3d 1.4.0'
+UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _stock_layers() -> tuple:

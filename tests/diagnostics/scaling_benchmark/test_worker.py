@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from mmdet3d_scaling.diagnostics.scaling_benchmark import launch
 
 REPO = Path(__file__).resolve().parents[3]
@@ -41,6 +43,7 @@ def _probe(plugin: bool) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_stock_run_loads_the_hooks_without_the_plugin():
     found = _probe(plugin=False)
     assert found['timer'] == 'mmdet3d_scaling.diagnostics.hooks.benchmark_timer_hook'
@@ -52,6 +55,7 @@ def test_stock_run_loads_the_hooks_without_the_plugin():
                           'mmdet3d_scaling.engine.runner', 'mmdet3d_scaling.models'}
 
 
+@pytest.mark.slow
 def test_plugin_run_imports_as_usual():
     found = _probe(plugin=True)
     assert found['registered']

@@ -224,6 +224,7 @@ def test_lean_path_argument_errors():
             bp.pool_depth_context(depth, context, index, n, use_triton=True)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not (torch.cuda.is_available() and bp.bev_pool_triton.HAS_TRITON),
                     reason='needs CUDA and Triton')
 def test_triton_matches_fallback_on_cuda():

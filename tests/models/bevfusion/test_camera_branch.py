@@ -95,6 +95,7 @@ def build(cfg, **overrides):
     return MODELS.build(cfg)
 
 
+@pytest.mark.slow
 def test_depth_lss_shapes_and_gradients():
     vt = build(SMALL_VT).train()
     img, *rest = inputs()
@@ -118,6 +119,7 @@ def test_lss_transform_shapes():
     assert vt.depthnet.weight.shape == (vt.D + 4, 8, 1, 1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('option', [dict(with_cp=True), dict(memory_efficient=True),
                                     dict(deterministic=True),
                                     dict(with_cp=True, memory_efficient=True,
@@ -201,6 +203,7 @@ def neck_inputs(seed=0):
             for c, s in ((6, 1), (10, 2), (12, 4))]
 
 
+@pytest.mark.slow
 def test_generalized_lss_fpn_shapes_gradients_and_with_cp():
     cfg = dict(OFFICIAL_NECK, in_channels=[6, 10, 12], out_channels=8)
     ref, cp = build(cfg).train(), build(cfg, with_cp=True).train()

@@ -122,6 +122,7 @@ def test_torchvision_decoder_missing_says_what_to_do(data_root):
         pre(_batch(data_root, 'gpu'), True)
 
 
+@pytest.mark.slow
 def test_runner_trains_with_gpu_decode(data_root, tmp_path):
     """The CPU smoke config with decode='gpu' in both pipelines: a real Runner trains
     two iterations and validates; the model's preprocessor decoded the images on the
@@ -156,6 +157,7 @@ def test_runner_trains_with_gpu_decode(data_root, tmp_path):
     assert 'NuScenes metric/pred_instances_3d_NuScenes/mAP' in metrics
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA (nvJPEG)')
 def test_nvjpeg_images_close_to_pil_path(data_root):
     """nvJPEG's pixels differ from libjpeg's by IDCT / chroma upsampling rounding;

@@ -123,6 +123,7 @@ def _synthetic_data(root: str) -> str:
     return out + '/'
 
 
+@pytest.mark.slow
 def test_runner_trains_and_evaluates_on_synthetic_nuscenes(tmp_path):
     """The CPU smoke config on 6 synthetic frames, 8 iterations: loss goes down,
     NuScenesMetric evaluates the predictions."""

@@ -72,6 +72,7 @@ def camera_batch(seed: int = 0) -> dict:
     return batch
 
 
+@pytest.mark.slow
 def test_train_step_updates_camera_and_lidar_parameters():
     torch.manual_seed(0)
     model = build(camera_cfg()).train()
@@ -105,6 +106,7 @@ def losses_of(cfg: dict, state: dict, batch: dict) -> dict:
     return {k: float(v) for k, v in losses.items() if 'loss' in k}
 
 
+@pytest.mark.slow
 def test_memory_options_leave_losses_unchanged():
     torch.manual_seed(0)
     plain_cfg = camera_cfg()

@@ -85,6 +85,7 @@ def test_mmcv_backend_matches_spconv_reference():
         assert torch.allclose(out[key].cpu(), ref['outputs'][key], atol=1e-3, rtol=1e-3)
 
 
+@pytest.mark.slow
 def test_mmcv_backend_train_step_on_cuda():
     if not torch.cuda.is_available():
         pytest.skip('needs CUDA (mmcv sparse conv)')

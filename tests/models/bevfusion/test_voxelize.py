@@ -49,6 +49,7 @@ def test_nondeterministic_and_bad_implementation():
         BEVFusionVoxelizer(VOXEL, PCR, 10, implementation='cuda')
 
 
+@pytest.mark.cuda
 @needs_cuda
 def test_sort_on_cuda_equals_mmcv_on_cuda():
     points = [p.cuda() for p in toy_batch(seed=5, batch_size=3)['inputs']['points']]

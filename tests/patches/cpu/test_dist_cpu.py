@@ -27,6 +27,7 @@ def _init_one_rank(port: int, queue) -> None:
     torch.distributed.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_init_dist_pytorch_starts_a_gloo_group_without_cuda():
     ctx = mp.get_context('fork')
     queue = ctx.Queue()

@@ -97,6 +97,7 @@ def _frame(i):
                 rotation_y=np.array([0.1 * i, -0.2 * i]), score=np.zeros(2))
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 @pytest.mark.skipif(kitti_eval_cpu._cuda_available(),
                     reason='with a CUDA device the upstream kernel is used')
 def test_kitti_eval_runs_on_cpu():

@@ -15,6 +15,7 @@ from tests.toy import toy_runner_cfg
 @pytest.fixture
 def no_trusted(monkeypatch):
     monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
+    monkeypatch.setattr(shim, '_trusted', [])  # the process list too
 
 
 def _train_and_checkpoint(work_dir) -> str:
@@ -25,6 +26,7 @@ def _train_and_checkpoint(work_dir) -> str:
     return path
 
 
+@pytest.mark.slow
 def test_mmengine_checkpoint_needs_the_allow_list(tmp_path, no_trusted):
     path = _train_and_checkpoint(tmp_path)
     # torch >= 2.6 refuses a plain weights_only load of an mmengine checkpoint ...
@@ -36,6 +38,7 @@ def test_mmengine_checkpoint_needs_the_allow_list(tmp_path, no_trusted):
     assert 'message_hub' in ckpt and 'optimizer' in ckpt
 
 
+@pytest.mark.slow
 def test_resume_through_runner(tmp_path, no_trusted):
     path = _train_and_checkpoint(tmp_path / 'a')
     runner = Runner(**toy_runner_cfg(tmp_path / 'b', max_iters=6, resume=True,
@@ -87,6 +90,7 @@ def test_getattr_is_limited_to_history_buffer_statistics(tmp_path, no_trusted):
         CheckpointLoader.load_checkpoint(path)
 
 
+@pytest.mark.slow
 def test_fresh_process_loads_a_runner_checkpoint(tmp_path, no_trusted):
     # A new interpreter has created no HistoryBuffer yet (its statistics are registered
     # lazily): loading must not depend on that.

@@ -24,6 +24,7 @@ REPO = osp.dirname(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
 @pytest.fixture
 def no_trusted(monkeypatch):
     monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
+    monkeypatch.setattr(shim, '_trusted', [])  # the process list too
 
 
 @pytest.fixture
@@ -49,6 +50,7 @@ def _expect_named(err, work) -> None:
     assert f'--resume {work / "iter_4.pth"}' in msg
 
 
+@pytest.mark.slow
 def test_resume_from_a_cut_checkpoint_suggests_the_previous(cut_run, tmp_path):
     cfg = toy_runner_cfg(tmp_path / 'b', max_iters=12, resume=True,
                          load_from=str(cut_run / 'iter_8.pth'))
@@ -57,6 +59,7 @@ def test_resume_from_a_cut_checkpoint_suggests_the_previous(cut_run, tmp_path):
     _expect_named(err, cut_run)
 
 
+@pytest.mark.slow
 def test_auto_resume_of_a_cut_last_checkpoint(cut_run):
     cfg = toy_runner_cfg(cut_run, max_iters=12, resume=True)  # last_checkpoint: iter_8
     with pytest.raises(shim.CorruptCheckpointError) as err:
@@ -64,6 +67,7 @@ def test_auto_resume_of_a_cut_last_checkpoint(cut_run):
     _expect_named(err, cut_run)
 
 
+@pytest.mark.slow
 def test_load_from_a_cut_checkpoint_suggests_the_previous(cut_run, tmp_path):
     cfg = toy_runner_cfg(tmp_path / 'c', max_iters=2, load_from=str(cut_run / 'iter_8.pth'))
     with pytest.raises(shim.CorruptCheckpointError) as err:
@@ -81,6 +85,7 @@ def test_empty_checkpoint_without_a_previous_one(tmp_path, no_trusted):
     assert 'No other readable checkpoint is in its folder' in msg
 
 
+@pytest.mark.slow
 def test_tools_test_names_a_cut_checkpoint(cut_run, tmp_path):
     """tools/test.py loads through the same scheme: a subprocess on the toy config."""
     cfg_file = tmp_path / 'toy_test.py'

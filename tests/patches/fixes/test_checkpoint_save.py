@@ -46,6 +46,7 @@ def _save_under_limit(tmp_path, mode: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, env=env, timeout=300)
 
 
+@pytest.mark.slow
 def test_upstream_leaves_a_cut_checkpoint_under_the_final_name(tmp_path):
     done = _save_under_limit(tmp_path, 'upstream')
     assert done.returncode == 0, done.stderr[-2000:]
@@ -54,6 +55,7 @@ def test_upstream_leaves_a_cut_checkpoint_under_the_final_name(tmp_path):
     assert not loader.readable_zip(str(tmp_path / 'iter_2.pth'))
 
 
+@pytest.mark.slow
 def test_a_failed_save_keeps_the_previous_file_and_no_partial(tmp_path):
     done = _save_under_limit(tmp_path, 'patched')
     assert done.returncode == 0, done.stderr[-2000:]
@@ -77,6 +79,7 @@ for i in range(1, 1000):
 '''
 
 
+@pytest.mark.slow
 def test_sigkill_during_saves_never_leaves_a_cut_checkpoint(tmp_path):
     env = dict(os.environ, PYTHONPATH=REPO)
     for round_ in range(3):  # kills at different points of a save

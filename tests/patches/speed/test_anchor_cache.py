@@ -120,6 +120,7 @@ def test_a_subclass_with_its_own_anchors_is_not_cached():
     assert Shifted.calls == 2 and '_grid_anchor_cache' not in vars(generator)
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='waits need a GPU')
 def test_no_wait_for_the_gpu_once_computed():
     cls, kwargs, sizes = GENERATORS['pv_rcnn']

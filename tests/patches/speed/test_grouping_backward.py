@@ -100,6 +100,7 @@ def test_bound_in_mmdet3d_before_the_cpu_twin():
 VALID_CASES = [c for c in CASES if 0 not in c[0]]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason='mmcv stacked grouping runs on CUDA only')
 @pytest.mark.parametrize('feature_counts,index_counts', VALID_CASES)
 def test_cuda_matches_mmcv_forward_and_backward(feature_counts, index_counts):

@@ -78,6 +78,7 @@ def test_empty_inputs_take_the_original_path(shape):
           ORIGINAL(assigner, overlaps, torch.zeros(shape[0]).long()))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize('value,expected', [
     ('max_iou_assigner', 'mmdet.models.task_modules.assigners.max_iou_assigner'),
     ('', 'mmdet3d_scaling.patches.speed.max_iou_assigner'),
@@ -98,6 +99,7 @@ def test_the_shim_can_be_skipped(value, expected):
     assert out.stdout.strip().splitlines()[-1] == expected
 
 
+@pytest.mark.slow
 def test_an_unknown_shim_name_is_an_error():
     import os
     import subprocess

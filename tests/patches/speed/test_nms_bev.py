@@ -60,6 +60,7 @@ def _assert_same_instances(ours, theirs):
         assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b), k
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_pv_rcnn_train_step_same_proposals(runner):
     """The RPN's training proposals (nms_pre 1024, threshold 0.8) from the same
     features; the rest of the step depends on the NMS only through them."""
@@ -84,6 +85,7 @@ def test_pv_rcnn_train_step_same_proposals(runner):
         _assert_same_instances(a, b)
 
 
+@pytest.mark.slow  # >= 4 s on 2 cores (measured)
 def test_pv_rcnn_predictions_are_the_same(runner):
     """PV-RCNN's predict, split where the NMS calls are (the CPU backbone is not
     bit-deterministic between calls): RPN proposals, then the box head's results from

@@ -91,6 +91,7 @@ def test_the_batch_is_decoded_at_once(head, device, monkeypatch):
     assert decoded == [3]
 
 
+@pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='a full-size batch: CUDA')
 @pytest.mark.parametrize('seed', [0, 1])
 def test_a_pv_rcnn_batch_of_8_equals_the_loop_on_the_gpu(head, seed):

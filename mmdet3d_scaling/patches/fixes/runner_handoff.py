@@ -3,38 +3,36 @@
 ``Runner.from_cfg`` picks the keys it knows and silently drops the rest, so mmcv 1.x
 keys (``optimizer_config``, ``fp16``) and this plugin's own (``scaling``, ...) would be
 ignored under mmdet3d's stock ``tools/train.py``, which calls ``Runner.from_cfg`` when a
-config has no ``runner_type``. The hand-off looks at the config: with plugin keys
-(:func:`mmdet3d_scaling.config.plugin_keys`) it builds a ``ScalingRunner`` and says which
-keys it found; without, it calls upstream's ``from_cfg`` untouched, so a stock config
-gets exactly upstream's runner (wrapper, timeout, hooks). Subclasses (``ScalingRunner``
-included) always get upstream's method.
+config has no ``runner_type``. The hand-off asks the engine (:data:`plugin_runner`, which
+``mmdet3d_scaling.engine.runner`` sets at import: it reads the plugin keys and builds the
+``ScalingRunner``) and, when the config has no plugin keys, calls upstream's
+``from_cfg`` untouched, so a stock config gets exactly upstream's runner (wrapper,
+timeout, hooks). Subclasses (``ScalingRunner`` included) always get upstream's method.
+The builder is handed in rather than imported: ``patches`` sits below ``config`` and
+``engine`` (docs/architecture.md).
 """
-from typing import Any, List
+from typing import Any, Callable, List, Optional
 
 from mmengine.logging import print_log
 from mmengine.runner import Runner
 
-from ..patches.patching import Change, Patch, declare
+from ..patching import Change, Patch, declare
 
-UPSTREAM = 'mmengine 0.10.x'
+UPSTREAM = 'mmengine>=0.10,<0.11'
 _upstream_from_cfg = Runner.__dict__['from_cfg'].__func__
+#: cfg -> the ScalingRunner for a config with plugin keys, else None (set by the engine)
+plugin_runner: Optional[Callable[[Any], Optional[Runner]]] = None
 
 
 def from_cfg(cls, cfg) -> Any:
-    if cls is not Runner:
+    if cls is not Runner or plugin_runner is None:
         return _upstream_from_cfg(cls, cfg)
-    from ..config import plugin_keys
-    found = plugin_keys(cfg)
-    if not found:
+    runner = plugin_runner(cfg)
+    if runner is None:
         print_log('mmdet3d_scaling: no plugin keys in this config; mmengine builds it '
                   'unchanged.', logger='current')
         return _upstream_from_cfg(cls, cfg)
-    from .runner import ScalingRunner
-    from .startup_log import startup_level
-    print_log(f"mmdet3d_scaling: the config uses {', '.join(found)}: built by "
-              "ScalingRunner (runner_type='ScalingRunner' selects it explicitly).",
-              logger='current', level=startup_level())
-    return ScalingRunner.from_cfg(cfg)
+    return runner
 
 
 from_cfg.__doc__ = _upstream_from_cfg.__doc__

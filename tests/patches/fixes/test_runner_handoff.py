@@ -8,7 +8,7 @@ from mmengine.runner import Runner
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling import ScalingRunner
 from mmdet3d_scaling.patches import patching
-from mmdet3d_scaling.engine import runner_handoff
+from mmdet3d_scaling.patches.fixes import runner_handoff
 from tests.toy import toy_runner_cfg
 
 
