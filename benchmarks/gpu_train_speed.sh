@@ -23,7 +23,10 @@ MMDET3D=$(PYTHONPATH=$NOSP python -c "import mmdet3d, os; print(os.path.dirname(
 STOCK_TRAIN=$MMDET3D/.mim/tools/train.py
 STOCK_CFG=$MMDET3D/.mim/configs
 SPEED="python benchmarks/train_speed.py"
-ITERS=${ITERS:-36}; WARMUP=${WARMUP:-12}
+ITERS=${ITERS:-30}; WARMUP=${WARMUP:-10}
+# ScalingRunner configs count max_iters in optimizer steps (BEVFusion's 1xb4 recipe
+# accumulates 8 micro-batches a step): 4 steps = 32 iterations, as many as upstream's.
+OURS_STEPS=${OURS_STEPS:-4}
 BEVFUSION=configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb4-6e_nus-3d.py
 UP_BEVFUSION=projects/BEVFusion/configs/bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d.py
 NO_HUB="model.img_backbone.init_cfg=None"  # no network on the GPU machine
@@ -42,7 +45,7 @@ kitti() {  # in data/kitti, where the stock configs read it; ours read data/synt
 run() {  # LABEL PYTHONPATH [train_speed args...]
   local label=$1 pp=$2; shift 2
   $SPEED --label "$label" --out "$OUT/$label.json" --iters "$ITERS" --warmup "$WARMUP" \
-    --env "PYTHONPATH=$pp" "$@" 2>&1 | tail -4
+    --env "PYTHONPATH=$pp" "$@" 2>&1 | tail -4  # a later --iters wins
 }
 
 for stage in "$@"; do
@@ -93,11 +96,11 @@ for stage in "$@"; do
       pp=$NOSP; [ $side = spconv ] && pp=$SP
       run "upstream_amp_$side" "$UP:$pp" --train "$STOCK_TRAIN" --cwd "$UP" \
         --config "$UP_BEVFUSION" --batch 4 --amp --cfg-options $NO_HUB
-      run "ours_bf16_$side" "$pp" --config $BEVFUSION --batch 4 --cfg-options $NO_HUB \
-        $TF32 amp.dtype=bfloat16
+      run "ours_bf16_$side" "$pp" --iters $OURS_STEPS --config $BEVFUSION --batch 4 \
+        --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16
     done
-    [ "${EQUAL:-0}" = 1 ] && run ours_amp_fp16_spconv "$SP" --config $BEVFUSION --batch 4 \
-      --amp --cfg-options $NO_HUB $TF32
+    [ "${EQUAL:-0}" = 1 ] && run ours_amp_fp16_spconv "$SP" --iters $OURS_STEPS \
+      --config $BEVFUSION --batch 4 --amp --cfg-options $NO_HUB $TF32
     ;;
   pv_rcnn|second)
     kitti

@@ -11,6 +11,10 @@ wrapper config that changes only how long it runs and what it logs:
   iteration to the end of the next: data loading included) and ``memory`` (mmengine's
   peak allocated MiB since the previous log, i.e. of that iteration).
 
+A ``ScalingRunner`` config counts ``max_iters`` in optimizer steps (its recipe may
+accumulate several micro-batches a step): pass ``--iters`` as steps there; the summary
+reads the iterations the log holds either way.
+
 Samples/s = micro-batch x measured iterations / their summed time, iterations after the
 first ``--warmup``; peak memory = the largest ``memory`` of those iterations (the warm-up's
 autotune workspaces excluded). One JSON result per run::

@@ -9,7 +9,7 @@ or merged) is permuted wrongly; and mmcv's modules have no conversion at all, so
 spconv-trained checkpoint does not load where spconv is absent ("size mismatch").
 
 The patch gives both backends' ``SparseConvolution`` the loader of
-:mod:`mmdet3d_scaling.models.bevfusion.sparse_backend`: the layout is read off the
+:mod:`mmdet3d_scaling.ops.sparse_layout`: the layout is read off the
 weight's shape and converted to the module's own (metadata ``version`` 2 decides only a
 tie, when both layouts give one shape). Round trips for mmdet3d's ``SparseEncoder`` and
 BEVFusion's are tested in ``tests/patches/fixes/test_sparse_conv_layout.py``.
@@ -20,7 +20,7 @@ from typing import Callable, List
 
 from packaging.requirements import Requirement
 
-from ...models.bevfusion.sparse_backend import load_with_layout
+from ...ops.sparse_layout import load_with_layout
 from ..patching import Change, Patch, declare, installed_version
 
 UPSTREAM = ('mmcv==2.1.0', 'mmdet3d==1.4.0')
