@@ -12,6 +12,7 @@ import atexit
 import logging
 import math
 import multiprocessing
+import os
 import os.path as osp
 import signal
 import threading
@@ -43,8 +44,12 @@ class _WorkersIgnore:
     worker handler ends them on SIGTERM, and the main process then fails with
     "DataLoader worker ... is killed by signal"). Once the main process exits, its
     ``atexit`` sets ``exiting`` before multiprocessing terminates daemonic children
-    with SIGTERM, and a worker then ends as usual. A class (not a closure) so that
-    spawned workers can unpickle it.
+    with SIGTERM (the hang doctor sets it too before it ends the workers), and a worker
+    then exits with code 0, as torch's own worker does on its parent's SIGTERM: dying
+    by the signal instead makes torch's SIGCHLD handler in the main process raise
+    "DataLoader worker (pid N) is killed by signal" inside multiprocessing's exit join
+    (an ``Exception ignored in atexit callback`` traceback after a clean run). A class
+    (not a closure) so that spawned workers can unpickle it.
     """
 
     def __init__(self, signals: Sequence[int], init: Optional[Any], exiting: Any) -> None:
@@ -57,9 +62,8 @@ class _WorkersIgnore:
             self.init(worker_id)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.exiting.value:  # the main process ends: end as without this wrapper
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
+        if self.exiting.value:  # the main process ends it: exit 0 as torch's worker does
+            os._exit(0)
 
 
 _EXITING: Any = None  # set at the main process's exit, read by the loader workers
@@ -74,7 +78,13 @@ def _exiting_flag() -> Any:
 
 
 def _set_exiting() -> None:
-    _EXITING.value = 1
+    if _EXITING is not None:
+        _EXITING.value = 1
+
+
+def release_workers() -> None:
+    """Let shielded loader workers end on the next SIGTERM (before terminating them)."""
+    _set_exiting()
 
 
 class Preempted(SystemExit):
