@@ -45,6 +45,29 @@ class PRIndexedDataset(ToyDataset):
         return dict(super().__getitem__(idx), index=idx)
 
 
+@DATASETS.register_module(name='PRAugmentedDataset', force=True)
+class PRAugmentedDataset(PRIndexedDataset):
+    """PRIndexedDataset with a random augmentation from python's, numpy's and torch's
+    global streams, as mmdet3d's transforms draw them (in the loader workers)."""
+
+    def __getitem__(self, idx: int) -> dict:
+        import random
+        import numpy as np
+        item = super().__getitem__(idx)
+        noise = random.random() + float(np.random.uniform()) + float(torch.rand(()))
+        return dict(item, inputs=item['inputs'] * (0.5 + noise / 3))
+
+
+@MODELS.register_module(name='PRDropoutToy', force=True)
+class PRDropoutToy(ToyRegressor):
+    """ToyRegressor with dropout on its inputs: the main process's torch stream."""
+
+    def forward(self, inputs, targets=None, index=None, mode='tensor'):
+        inputs = torch.stack(inputs) if isinstance(inputs, list) else inputs
+        return super().forward(torch.nn.functional.dropout(inputs, 0.3, self.training),
+                               targets, mode)
+
+
 @MODELS.register_module(name='PRToy', force=True)
 class PRToy(ToyRegressor):
     """ToyRegressor that accepts (and ignores) the sample index."""
@@ -204,6 +227,27 @@ def test_sigterm_mid_epoch_saves_exits_0_and_resumes_exactly(tmp_path):
     assert Counter(samples(got)) == Counter(samples(expected))
     assert [(r['epoch'], r['indices']) for r in got] == \
         [(r['epoch'], r['indices']) for r in expected]  # even the order
+    assert_same_weights(resumed, whole)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('workers, persistent', [(0, False), (2, False), (1, True)])
+def test_random_augmentations_and_dropout_resume_bit_exactly(tmp_path, workers,
+                                                              persistent):
+    """Epoch loop, random augmentations in the workers (or the main process), dropout
+    in the model: SIGTERM in epoch 2, --resume: the weights equal the uninterrupted
+    run's (before: the resumed samples got other augmentations)."""
+    loader = dict(dataset=dict(type='PRAugmentedDataset', length=16), batch_size=2,
+                  num_workers=workers, persistent_workers=persistent,
+                  sampler=dict(type='DefaultSampler', shuffle=True),
+                  collate_fn=dict(type='default_collate'))
+    whole, ref, resumed, run, log, saved = interrupted_then_resumed(
+        tmp_path, dict(type='PRSignalAt', at=11), train_dataloader=loader,
+        model=dict(type='PRDropoutToy'))
+    assert osp.basename(saved) == 'iter_12.pth'
+    assert 'rng_states' in torch.load(saved, weights_only=False)['meta']
+    assert [(r['epoch'], r['indices']) for r in records(run)] == \
+        [(r['epoch'], r['indices']) for r in records(ref)]
     assert_same_weights(resumed, whole)
 
 
