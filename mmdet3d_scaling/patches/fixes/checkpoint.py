@@ -270,9 +270,9 @@ def _torch_load(filename: str, **kwargs: Any) -> Any:
             raise  # a whole checkpoint with objects outside the allow-list: the caller's
         raise corrupt_checkpoint_error(filename, err) from err
     if not isinstance(loaded, Mapping):
-        raise not_a_checkpoint_error(
-            filename, f'holds a {type(loaded).__module__}.{type(loaded).__qualname__}, '
-            'not the dict of a checkpoint')
+        raise not_a_checkpoint_error(filename, checkpoint_problem(filename) or (
+            f'holds a {type(loaded).__module__}.{type(loaded).__qualname__}, not the dict '
+            'of a checkpoint'))
     return loaded
 
 
