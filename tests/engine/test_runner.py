@@ -71,17 +71,21 @@ def test_auto_batch_size_needs_the_scaling_runner(tmp_path):
         require_scaling_runner(runner, 'AutoBatchSizeHook')
 
 
-def _logged(work) -> str:
-    import glob
-    return ''.join(open(p).read() for p in glob.glob(f'{work}/*/*.log'))
+def _logging_into(runner, lines: list) -> None:
+    import logging
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    runner.logger.addHandler(handler)
 
 
 @pytest.mark.slow
 def test_resume_into_an_empty_work_dir_says_it_starts_from_iteration_0(tmp_path):
     work = tmp_path / 'fresh'
     runner = RUNNERS.build(_cfg(work, resume=True, log_level='INFO'))
+    lines: list = []
+    _logging_into(runner, lines)
     runner.train()
-    log = _logged(work)
+    log = '\n'.join(lines)
     assert f'--resume: no checkpoint found in {work} (no last_checkpoint file, no *.pth): ' \
            'training starts from iteration 0.' in log, log[-2000:]
     assert 'Auto resumed from the latest checkpoint None' not in log

@@ -35,7 +35,16 @@ OWNERS = ('mmengine.runner.checkpoint', 'mmengine.runner', 'mmengine.runner.runn
 
 
 class CheckpointSaveError(OSError):
-    """A local checkpoint save that failed; nothing under the final name changed."""
+    """A local checkpoint save that failed; nothing under the final name changed.
+    ``errno`` / ``strerror`` / ``filename`` are the failed write's; ``str()`` is the
+    whole message."""
+
+    def __init__(self, message: str, err: OSError, filename: str) -> None:
+        super().__init__(err.errno, err.strerror, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
 
 
 def _previous(folder: str) -> str:
@@ -65,13 +74,11 @@ def save_error(filename: str, n_bytes: int, err: OSError) -> CheckpointSaveError
         err.errno, 'fix the cause')
     previous = 'the previous ' + osp.basename(filename) if osp.exists(filename) else \
         'the previous checkpoints'
-    error = CheckpointSaveError(
+    return CheckpointSaveError(
         f'saving checkpoint {filename} ({n_bytes / 2**20:.1f} MiB; {free}) failed: '
         f'{err.strerror or err}. Nothing under that name changed: {previous} and '
         f'{_previous(folder)} are intact. {fix[0].upper() + fix[1:]}, then resume '
-        'with tools/train.py CONFIG --resume.')
-    error.errno, error.strerror, error.filename = err.errno, err.strerror, filename
-    return error
+        'with tools/train.py CONFIG --resume.', err, filename)
 
 
 def _local(filename: str) -> bool:
