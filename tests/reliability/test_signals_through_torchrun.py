@@ -24,6 +24,7 @@ custom_imports = dict(imports=['mmdet3d_scaling', 'tests.toy',
                                'tests.reliability.signal_parts'],
                       allow_failed_imports=False)
 runner_type = 'ScalingRunner'
+default_scope = 'mmdet3d'  # the plugin's hooks are in mmdet3d's registries
 model = dict(type='ToyRegressor')
 train_dataloader = dict(
     dataset=dict(type='ToyDataset', length=64), batch_size=2, num_workers=1,
