@@ -313,9 +313,12 @@ class PreemptionHook(Hook):
         self._seed_samples(runner)
         self._continue_epoch(runner)
         pending, self._pending_rng = self._pending_rng, None
-        if pending is not None and runner.iter > 0 and \
-                (pending['epoch'], pending['iter']) == (runner.epoch, runner.iter):
-            set_rng_states(pending['states'])  # a resume (load_from starts at 0)
+        if pending is not None and self._epoch_value is not None and runner.iter > 0 \
+                and (pending['epoch'], pending['iter']) == (runner.epoch, runner.iter):
+            # a resume (load_from starts at 0) of an epoch loop with seeded samples; an
+            # iteration loop replays its batches after before_train (mmengine), so
+            # states put back here would be used up by the replay
+            set_rng_states(pending['states'])
 
     def _seed_samples(self, runner) -> None:
         """Epoch-based loops: samples seeded by (seed, epoch, index) (class docstring)."""
