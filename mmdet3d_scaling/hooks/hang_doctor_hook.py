@@ -64,7 +64,8 @@ class HangDoctorHook(Hook):
                          exempt=True)
         self.doctor.start()
         # the last before_train_iter (after every other hook's) marks the step itself
-        runner.register_hook(_TrainStepMark(self), priority='LOWEST')
+        if not any(isinstance(h, _TrainStepMark) and h.owner is self for h in runner.hooks):
+            runner.register_hook(_TrainStepMark(self), priority='LOWEST')
         runner.logger.info(
             f'hang doctor: on; a rank without progress (or a peer without heartbeat) for '
             f'{self.timeout_s:g} s stops the job with every rank\'s stack '
