@@ -112,7 +112,8 @@ def test_a_rank_stuck_in_a_hook_is_named_so_and_its_loader_workers_end(tmp_path)
     left = launch._left_after(1.0)  # at most a second after the launcher's end
     log = launch.finish(timeout=60)
     assert launch.proc.returncode != 0, log[-4000:]
-    assert "no progress on rank 1" in log and \
-        "in phase 'train iteration 3: before_train_iter hooks'" in log, log[-6000:]
+    # whichever rank's watchdog fires, rank 1 is named behind, in the hook's phase
+    assert 'rank(s) behind: 1 (' in log, log[-6000:]
+    assert "phase 'train iteration 3: before_train_iter hooks'" in log, log[-6000:]
     assert len(launch.tree) >= 5  # torchrun, 2 ranks, a loader worker each
     assert left == [], f'left running after the exit: {left}'
