@@ -11,6 +11,7 @@ config.
 """
 import argparse
 import json
+import math
 import os
 import os.path as osp
 import sys
@@ -45,15 +46,39 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
 
 
 def set_iters(cfg, iters: int) -> None:
-    """Retarget the iteration-based schedule of the demo config to ``iters``."""
+    """Retarget the iteration-based schedule of the demo config to ``iters``.
+
+    A run at least as long as the warm-up keeps it (30 iterations) and ends the cosine
+    decay at ``iters``; a shorter one scales every scheduler's ``begin`` / ``end`` by
+    ``iters / max_iters`` (rounded up, at least one iteration each), since mmengine
+    refuses a scheduler whose ``end`` is not above its ``begin``.
+    """
+    if iters < 1:
+        raise SystemExit(f'demo.py: --iters must be a positive number of iterations, '
+                         f'got {iters}.')
+    configured = cfg.train_cfg.max_iters
     cfg.train_cfg.max_iters = iters
     cfg.train_cfg.val_interval = iters
     cfg.default_hooks.checkpoint.interval = iters
-    for sched in cfg.param_scheduler:
-        if sched.get('end', 0) > iters or sched['type'] == 'CosineAnnealingLR':
-            sched['end'] = iters
-            if 'T_max' in sched:
-                sched['T_max'] = iters - sched.get('begin', 0)
+    if all(sched.get('begin', 0) < iters for sched in cfg.param_scheduler):
+        for sched in cfg.param_scheduler:
+            if sched.get('end', 0) > iters or sched['type'] == 'CosineAnnealingLR':
+                sched['end'] = iters
+        kept = list(cfg.param_scheduler)
+    else:
+        kept = []
+        for sched in cfg.param_scheduler:
+            begin = math.ceil(sched.get('begin', 0) * iters / configured)
+            if begin >= iters:
+                continue  # it would start after the run's end
+            sched['begin'] = begin
+            sched['end'] = max(begin + 1, min(iters, math.ceil(
+                sched.get('end', configured) * iters / configured)))
+            kept.append(sched)
+    for sched in kept:
+        if 'T_max' in sched:
+            sched['T_max'] = sched['end'] - sched.get('begin', 0)
+    cfg.param_scheduler = kept
 
 
 _COLUMNS = (('3D', 'strict'), ('BEV', 'strict'), ('2D', 'strict'), ('3D', 'loose'),

@@ -15,7 +15,10 @@ GPUS=$2
 check_config "$CONFIG"
 check_gpus "$GPUS"
 set_rendezvous
+# torchrun under a relay (stdlib only, run by path): SIGTERM / SIGUSR1 to this
+# process group reach every rank, and the job exits with the ranks' code (0 after a
+# PreemptionHook save); see mmdet3d_scaling/parallel/signal_relay.py
 PYTHONPATH="$HERE/..${PYTHONPATH:+:$PYTHONPATH}" \
-exec "${PYTHON:-python}" -m torch.distributed.run "${RDZV_ARGS[@]}" \
+exec "${PYTHON:-python}" "$HERE/../mmdet3d_scaling/parallel/signal_relay.py" "${RDZV_ARGS[@]}" \
   --nproc_per_node="$GPUS" \
   "$HERE/train.py" "$CONFIG" --launcher pytorch "${@:3}"

@@ -10,13 +10,19 @@ module looks at the files that exist, for the dataloaders a command reads:
   and ``metainfo``), told from the pickle's first opcodes (a large file is not read in
   full); the pre-1.x structures (a dict with ``infos``, or a bare list) are named with
   mmdet3d's ``update_infos_to_v2.py`` command;
-- each ``.bin`` file in the point-cloud folder (``data_prefix.pts``), by size alone (one
-  directory scan, a ``stat`` a file, no read): empty, not whole float32 values, not
-  whole ``load_dim`` points.
+- each point file (``lidar_points.lidar_path`` under ``data_prefix.pts``) and, when
+  the pipeline loads images and the modality uses the camera, each image
+  (``images.<cam>.img_path`` under ``data_prefix.<cam>`` or ``data_prefix.img``) that
+  the info file references, as mmdet3d's ``Det3DDataset`` joins them: missing, and for
+  point files by size (one ``stat`` a file, no read): empty, not whole float32 values,
+  not whole ``load_dim`` points. Files that no info file references are not judged.
 
-:func:`check_data_files` reports the first few bad point files and the count, each
-with the fix, as :class:`BadDataFileError`. Remote paths (``backend_args`` or a URL)
-and datasets without a ``LoadPointsFromFile`` step are not checked for point files.
+The info file is loaded for this (the dataset loads it once more when it is built:
+a pickle load, no file of the data itself is read). :func:`check_data_files` reports
+the count and the first few files of each kind, with the fix, as
+:class:`BadDataFileError`. Remote paths (``backend_args`` or a URL) are not checked;
+point files only for datasets with a ``LoadPointsFromFile`` step, sweeps
+(``LoadPointsFromMultiSweeps``) not at all.
 """
 import inspect
 import os
@@ -26,6 +32,7 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 from mmengine.config import Config
 
 from ..datasets.point_files import size_fix, size_problem
+from ..datasets.info_format import info_structure_problem, update_hint
 from .data_config import OPT_OUT, leaf_datasets
 from ..datasets.synthetic.target import (MARKERS, incomplete_run, regenerate_command,
                                         synthetic_kind)
@@ -36,7 +43,6 @@ __all__ = ['BadDataFileError', 'check_complete_synthetic', 'check_data_files',
 #: bad point files listed by name in the error (the count says how many more)
 SHOWN = 5
 _LOAD_POINTS = 'LoadPointsFromFile'
-UPDATE_INFOS = 'tools/dataset_converters/update_infos_to_v2.py'
 
 
 class BadDataFileError(ValueError):
@@ -88,31 +94,6 @@ def check_complete_synthetic(cfg: Config, loaders: Sequence[str]) -> None:
                 'come from different runs. Write it again with '
                 f'`{regenerate_command(root, kind)}`.')
     _raise(problems)
-
-
-def info_structure_problem(obj: object) -> Optional[str]:
-    """Why a loaded info file is not an mmdet3d 1.x info file; None when it is."""
-    if isinstance(obj, dict) and 'data_list' in obj and 'metainfo' in obj:
-        if isinstance(obj['data_list'], list):
-            return None
-        return f'its data_list is a {type(obj["data_list"]).__name__}, not a list'
-    if isinstance(obj, list) or (isinstance(obj, dict) and 'infos' in obj):
-        shape = ('a bare list' if isinstance(obj, list) else
-                 f'a dict with keys {sorted(map(str, obj))}')
-        return (f'is {shape}: the info format of mmdet3d before 1.0, which mmdet3d 1.x '
-                'cannot read')
-    keys = f' with keys {sorted(map(str, obj))}' if isinstance(obj, dict) else ''
-    return (f'is a {type(obj).__name__}{keys}, not an mmdet3d 1.x info file (a dict with '
-            "'data_list' and 'metainfo')")
-
-
-def _update_hint(path: str, dataset_type: str) -> str:
-    name = dataset_type.replace('Dataset', '').lower() or 'kitti'
-    folder = osp.dirname(path) or '.'
-    return (f"convert it with mmdet3d's `python {UPDATE_INFOS} --dataset {name} "
-            f'--pkl-path {path} --out-dir {osp.join(folder, "v2")}` (in an mmdet3d '
-            'checkout; pip installs it under mmdet3d/.mim/) and point ann_file at {osp.join(folder, "v2", osp.basename(path))}'
-            ", or create the infos again with mmdet3d 1.x's tools/create_data.py")
 
 
 def _load_info(path: str) -> object:
@@ -195,49 +176,125 @@ def _points_folder(ds: dict) -> str:
     return _resolve(ds.get('data_root') or '', prefix.get('pts', ''))
 
 
-def _bad_points(folder: str, load_dim: int) -> Tuple[int, List[Tuple[str, str]]]:
-    """(files seen, ``(path, problem)`` of each ``.bin`` file in ``folder`` that can't
-    hold ``load_dim``-float32 points): one directory scan, a ``stat`` a file."""
-    seen, bad = 0, []
-    with os.scandir(folder) as it:
-        for entry in sorted(it, key=lambda e: e.name):
-            if not entry.name.endswith('.bin') or not entry.is_file():
-                continue
-            seen += 1
-            problem = size_problem(entry.stat().st_size, load_dim)
-            if problem:
-                bad.append((entry.path, problem))
-    return seen, bad
+def _loads_images(ds: dict) -> bool:
+    """Whether the pipeline loads the images the infos reference (and the modality
+    uses the camera, as ``Det3DDataset.parse_data_info`` requires to join their paths)."""
+    if not (ds.get('modality') or {}).get('use_camera', False):
+        return False
+    return any(isinstance(step, dict) and 'Load' in str(step.get('type', ''))
+               and 'Image' in str(step.get('type', '')) for step in ds.get('pipeline') or [])
 
 
-def _check_dataset(ds: dict, where: str, scanned: set) -> List[str]:
+def _prefix(ds: dict) -> dict:
+    prefix = ds.get('data_prefix')
+    if prefix is None:
+        prefix = _default(str(ds.get('type')), 'data_prefix', {}) or {}
+    return dict(prefix)
+
+
+def _referenced(ds: dict, infos: dict, points: bool, images: bool
+                ) -> Tuple[List[str], List[str]]:
+    """(point files, images) the info file's frames name, joined as mmdet3d does:
+    ``data_root / data_prefix[key] / path``."""
+    root, prefix = ds.get('data_root') or '', _prefix(ds)
+    pts_folder = _resolve(root, prefix.get('pts', ''))
+    pts, imgs = [], []
+    for info in infos.get('data_list') or []:
+        if not isinstance(info, dict):
+            continue
+        lidar = (info.get('lidar_points') or {}).get('lidar_path') if points else None
+        if lidar:
+            pts.append(osp.join(pts_folder, lidar))
+        for cam, image in ((info.get('images') or {}).items() if images else ()):
+            if isinstance(image, dict) and image.get('img_path'):
+                cam_prefix = prefix.get(cam, prefix.get('img', ''))
+                imgs.append(osp.join(_resolve(root, cam_prefix), image['img_path']))
+    return pts, imgs
+
+
+def _stat_size(path: str) -> Optional[int]:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        return None
+
+
+def _listed(paths: Sequence[str], what: str = '') -> str:
+    shown = ''.join(f'\n      {p}{what}' for p in paths[:SHOWN])
+    return shown + (f'\n      ... and {len(paths) - SHOWN} more' if len(paths) > SHOWN else '')
+
+
+def _bad_points(paths: Sequence[str], load_dim: int
+                ) -> Tuple[List[str], List[Tuple[str, str]]]:
+    """(missing paths, ``(path, problem)`` of those that can't hold ``load_dim``-float32
+    points): a ``stat`` a file, no read."""
+    missing, bad = [], []
+    for path in paths:
+        size = _stat_size(path)
+        if size is None:
+            missing.append(path)
+            continue
+        problem = size_problem(size, load_dim)
+        if problem:
+            bad.append((path, problem))
+    return missing, bad
+
+
+def _missing_fix(ds: dict) -> str:
+    return ('copy the missing files again (a deleted file or an interrupted copy), or '
+            "create the info file again for the files present (mmdet3d's "
+            f'tools/create_data.py){_synthetic_hint(ds)}')
+
+
+def _check_referenced(ds: dict, where: str, path: str, checked: set) -> List[str]:
+    """Problems of the point files and images the info file at ``path`` references."""
+    dtype = str(ds.get('type', 'dataset'))
+    load_dim = _load_dim(ds)
+    points = load_dim is not None and (ds.get('modality') or {}).get('use_lidar', True) \
+        and not _remote(_points_folder(ds), ds)
+    images = _loads_images(ds) and not _remote(ds.get('data_root') or '', ds)
+    key = (path, repr(_prefix(ds)), ds.get('data_root'), load_dim, points, images)
+    if not (points or images) or key in checked:
+        return []
+    checked.add(key)
+    infos = _load_info(path)
+    pts, imgs = _referenced(ds, infos if isinstance(infos, dict) else {}, points, images)
+    problems, head = [], f'{where} ({dtype})'
+    missing, bad = _bad_points(pts, load_dim) if points else ([], [])
+    if missing:
+        problems.append(
+            f'{head}: {len(missing)} of {len(pts)} point files that {path} references '
+            f'are missing:{_listed(missing)}\n    {_missing_fix(ds)}.')
+    if bad:
+        lines = ''.join(f'\n      {p} {why}' for p, why in bad[:SHOWN])
+        more = f'\n      ... and {len(bad) - SHOWN} more' if len(bad) > SHOWN else ''
+        problems.append(
+            f'{head}: {len(bad)} of {len(pts)} point files in {_points_folder(ds)} that '
+            f'{path} references cannot be loaded with load_dim={load_dim} (each must be a '
+            f'non-zero multiple of {4 * load_dim} bytes):{lines}{more}\n    '
+            f'{size_fix(load_dim)}{_synthetic_hint(ds)}.')
+    gone = [p for p in imgs if not _stat_size(p)]
+    if gone:
+        problems.append(
+            f'{head}: {len(gone)} of {len(imgs)} images that {path} references are missing '
+            f'or empty:{_listed(gone)}\n    {_missing_fix(ds)}.')
+    return problems
+
+
+def _check_dataset(ds: dict, where: str, checked: set) -> List[str]:
     dtype = str(ds.get('type', 'dataset'))
     ann_file = ds.get('ann_file')
-    problems = []
-    if ann_file and not _remote(ann_file, ds):
-        path = _resolve(ds.get('data_root') or '', ann_file)
-        problem = _structure_problem(path) if osp.isfile(path) else None
-        if problem:  # (a missing file is the missing-path check's)
-            fix = (_update_hint(path, dtype) if 'before 1.0' in problem else
-                   "create it with mmdet3d 1.x's tools/create_data.py")
-            problems.append(f'{where} ({dtype}): info file ann_file={path!r} {problem}; '
-                            f'{fix}.')
-    load_dim = _load_dim(ds)
-    folder = _points_folder(ds)
-    if (load_dim is None or not (ds.get('modality') or {}).get('use_lidar', True)
-            or _remote(folder, ds) or not osp.isdir(folder) or (folder, load_dim) in scanned):
-        return problems
-    scanned.add((folder, load_dim))
-    seen, bad = _bad_points(folder, load_dim)
-    if not bad:
-        return problems
-    lines = ''.join(f'\n      {p} {why}' for p, why in bad[:SHOWN])
-    more = f'\n      ... and {len(bad) - SHOWN} more' if len(bad) > SHOWN else ''
-    problems.append(
-        f'{where} ({dtype}): {len(bad)} of {seen} point files in {folder} cannot be loaded '
-        f'with load_dim={load_dim} (each must be a non-zero multiple of {4 * load_dim} '
-        f'bytes):{lines}{more}\n    {size_fix(load_dim)}{_synthetic_hint(ds)}.')
-    return problems
+    if not ann_file or _remote(ann_file, ds):
+        return []
+    path = _resolve(ds.get('data_root') or '', ann_file)
+    if not osp.isfile(path):
+        return []  # the missing-path check's
+    problem = _structure_problem(path)
+    if problem:
+        fix = (update_hint(path, dtype) if 'before 1.0' in problem else
+               "create it with mmdet3d 1.x's tools/create_data.py")
+        return [f'{where} ({dtype}): info file ann_file={path!r} {problem}; {fix}.']
+    return _check_referenced(ds, where, path, checked)
 
 
 def _synthetic_hint(ds: dict) -> str:
@@ -249,10 +306,11 @@ def _synthetic_hint(ds: dict) -> str:
 
 
 def check_data_files(cfg: Config, loaders: Sequence[str]) -> None:
-    """Raise :class:`BadDataFileError` naming every unusable info file and the bad point
-    files (first :data:`SHOWN` and the count) of the ``loaders``' datasets."""
+    """Raise :class:`BadDataFileError` naming every unusable info file and the missing
+    or bad point files and images it references (first :data:`SHOWN` and the count) of
+    the ``loaders``' datasets."""
     problems: List[str] = []
-    scanned: set = set()  # (folder, load_dim) already checked: val and test share one
+    checked: set = set()  # info files already checked: val and test often share one
     for ds, where in _loader_datasets(cfg, loaders):
-        problems += _check_dataset(ds, where, scanned)
+        problems += _check_dataset(ds, where, checked)
     _raise(problems)

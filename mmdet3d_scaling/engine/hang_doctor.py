@@ -53,6 +53,14 @@ _WAITING = {os.path.join('torch', 'distributed', ''): 'waits in a collective',
 _STORE_FAILURES_TO_FIRE = 2
 
 
+def _release_shielded_workers() -> None:
+    """Train loader workers shielded by PreemptionHook ignore SIGTERM while the main
+    process lives: tell them it ends, so that ``terminate()`` ends them."""
+    module = sys.modules.get('mmdet3d_scaling.hooks.preemption_hook')
+    if module is not None:
+        module.release_workers()
+
+
 def enable_flight_recorder() -> None:
     """Ask torch to record the last collectives (before the process group is created)."""
     if not any(os.environ.get(key) for key in FR_ENVS):
@@ -327,8 +335,14 @@ class HangDoctor:
     def _end(self, message: str) -> None:
         """Loader workers ended, work-dir lock released, logs flushed; then exit."""
         from .work_dir_lock import release_all
-        for child in multiprocessing.active_children():
+        _release_shielded_workers()
+        children = multiprocessing.active_children()
+        for child in children:
             child.terminate()
+        for child in children:  # a worker that outlives the exit would hold its memory
+            child.join(timeout=5)
+            if child.is_alive():
+                child.kill()
         release_all()
         print(f'{message}. Exit code {EXIT_CODE} (see the report above in the log).',
               file=sys.stderr, flush=True)

@@ -21,6 +21,7 @@ It is the plugin's one entry point into mmengine:
 import contextlib
 import copy
 import logging
+import os.path as osp
 from typing import Any, Dict, Iterator, List, Optional
 
 from mmengine.config import Config
@@ -34,6 +35,7 @@ from mmengine.runner.utils import calc_dynamic_intervals
 
 from ..patches import patching
 from ..patches.fixes import runner_handoff
+from ..patches.fixes.checkpoint import previous_checkpoint
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
 from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
@@ -182,12 +184,39 @@ class ScalingRunner(Runner):
         refuse a mismatch unless ``resume_strict=False``; fine-tuning logs a summary."""
         if self._has_loaded or (not self._resume and self._load_from is None):
             return super().load_or_resume()
+        if self._resume and self._load_from is None and not self._auto_resume_target():
+            # mmengine would log "Auto resumed from the latest checkpoint None."
+            self._resume = False
+            try:
+                return super().load_or_resume()
+            finally:
+                self._resume = True
         self._checkpoint_purpose = ('resume' if self._resume else
                                     'finetune' if self.train_loop_built else 'evaluate')
         try:
             super().load_or_resume()
         finally:
             self._checkpoint_purpose = None
+
+    def _auto_resume_target(self) -> Optional[str]:
+        """What ``--resume`` without a path loads: ``work_dir/last_checkpoint``'s file.
+        Without that pointer: a warning that training starts from iteration 0 when the
+        folder holds no checkpoint, an error naming the newest one when it does."""
+        from mmengine.runner.checkpoint import find_latest_checkpoint
+        target = find_latest_checkpoint(self.work_dir)
+        if target is not None:
+            return target
+        newest = previous_checkpoint(osp.join(self.work_dir, 'last_checkpoint'))
+        if newest is not None:
+            raise FileNotFoundError(
+                f'--resume: {self.work_dir} has no last_checkpoint file (the pointer '
+                f'--resume without a path follows) but holds the checkpoint {newest}: '
+                f'resume it with `--resume {newest}`, or use another --work-dir to start '
+                'from iteration 0.')
+        self.logger.warning(
+            f'--resume: no checkpoint found in {self.work_dir} (no last_checkpoint file, '
+            'no *.pth): training starts from iteration 0.')
+        return None
 
     def load_checkpoint(self, filename: str, map_location: Any = 'cpu',
                         strict: bool = False,

@@ -63,6 +63,9 @@ class HangDoctorHook(Hook):
         self.doctor.mark('start-up (weights, resume, before_train hooks)', runner.iter,
                          exempt=True)
         self.doctor.start()
+        # the last before_train_iter (after every other hook's) marks the step itself
+        if not any(isinstance(h, _TrainStepMark) and h.owner is self for h in runner.hooks):
+            runner.register_hook(_TrainStepMark(self), priority='LOWEST')
         runner.logger.info(
             f'hang doctor: on; a rank without progress (or a peer without heartbeat) for '
             f'{self.timeout_s:g} s stops the job with every rank\'s stack '
@@ -85,6 +88,11 @@ class HangDoctorHook(Hook):
 
     # ------------------------------------------------------------------ training
     def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        self._mark(f'train iteration {runner.iter + 1}: before_train_iter hooks',
+                   runner.iter + 1)
+
+    def mark_train_step(self, runner) -> None:
+        """Called by :class:`_TrainStepMark` right before the training step."""
         self._mark(f'train iteration {runner.iter + 1}: train_step (forward, backward, '
                    'optimizer step)', runner.iter + 1)
 
@@ -137,3 +145,17 @@ class HangDoctorHook(Hook):
 
     def after_test_epoch(self, runner, metrics: Any = None) -> None:
         self._mark('after test: hooks', runner.iter)
+
+
+class _TrainStepMark(Hook):
+    """Registered by HangDoctorHook after every other hook: its ``before_train_iter``
+    runs last, so the phase says ``train_step`` only once the step began (a rank stuck
+    in another hook's ``before_train_iter`` is named as such)."""
+
+    priority = 'LOWEST'
+
+    def __init__(self, owner: HangDoctorHook) -> None:
+        self.owner = owner
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch: Any = None) -> None:
+        self.owner.mark_train_step(runner)

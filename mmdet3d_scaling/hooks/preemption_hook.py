@@ -12,11 +12,14 @@ import atexit
 import logging
 import math
 import multiprocessing
+import os
 import os.path as osp
+import random
 import signal
 import threading
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
+import numpy as np
 import torch
 from mmengine.dist import all_reduce, get_comm_device, get_world_size, is_distributed
 from mmengine.dist import is_main_process
@@ -32,6 +35,8 @@ from .optimizer_step_param_scheduler_hook import optimizer_stepped
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 #: checkpoint['meta'][POSITION_KEY]: where in its epoch the checkpoint was taken
 POSITION_KEY = 'sample_position'
+#: checkpoint['meta'][RNG_KEY]: the main process's random streams at the save
+RNG_KEY = 'rng_states'
 _UNCATCHABLE = ('SIGKILL', 'SIGSTOP')
 
 
@@ -43,8 +48,12 @@ class _WorkersIgnore:
     worker handler ends them on SIGTERM, and the main process then fails with
     "DataLoader worker ... is killed by signal"). Once the main process exits, its
     ``atexit`` sets ``exiting`` before multiprocessing terminates daemonic children
-    with SIGTERM, and a worker then ends as usual. A class (not a closure) so that
-    spawned workers can unpickle it.
+    with SIGTERM (the hang doctor sets it too before it ends the workers), and a worker
+    then exits with code 0, as torch's own worker does on its parent's SIGTERM: dying
+    by the signal instead makes torch's SIGCHLD handler in the main process raise
+    "DataLoader worker (pid N) is killed by signal" inside multiprocessing's exit join
+    (an ``Exception ignored in atexit callback`` traceback after a clean run). A class
+    (not a closure) so that spawned workers can unpickle it.
     """
 
     def __init__(self, signals: Sequence[int], init: Optional[Any], exiting: Any) -> None:
@@ -57,9 +66,82 @@ class _WorkersIgnore:
             self.init(worker_id)
 
     def _on_signal(self, signum: int, frame: Any) -> None:
-        if self.exiting.value:  # the main process ends: end as without this wrapper
-            signal.signal(signum, signal.SIG_DFL)
-            signal.raise_signal(signum)
+        if self.exiting.value:  # the main process ends it: exit 0 as torch's worker does
+            os._exit(0)
+
+
+def rng_states() -> dict:
+    """The global random streams of this process: python, numpy, torch (and CUDA's
+    of the current device once CUDA is in use)."""
+    states = dict(python=random.getstate(), numpy=np.random.get_state(),
+                  torch=torch.get_rng_state())
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states['cuda'] = torch.cuda.get_rng_state()
+    return states
+
+
+def set_rng_states(states: dict) -> None:
+    """Put back what :func:`rng_states` returned."""
+    random.setstate(_as_tuple(states['python']))
+    np.random.set_state(_as_tuple(states['numpy']))
+    torch.set_rng_state(states['torch'])
+    if 'cuda' in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state(states['cuda'])
+
+
+def _as_tuple(value: Any) -> Any:
+    """random / numpy want tuples back (a checkpoint round trip may give lists)."""
+    if isinstance(value, list):
+        return tuple(_as_tuple(v) for v in value)
+    return value
+
+
+def sample_seed(seed: int, epoch: int, index: int) -> int:
+    """The seed of sample ``index`` in ``epoch`` (0-based) of a run seeded ``seed``."""
+    return int(np.random.SeedSequence([seed % 2**32, epoch, index]).generate_state(1)[0])
+
+
+def _seed_all(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class _SeededSamples:
+    """``dataset.__getitems__`` (torch's map-style fetcher calls it with a batch's
+    indices): each sample's pipeline runs with python's, numpy's and torch's global
+    streams seeded by :func:`sample_seed`, so its augmentation depends on (seed, epoch,
+    index) alone, not on which process made it or what it made before. In the main
+    process (``num_workers=0``) the streams are put back after each sample."""
+
+    def __init__(self, dataset: Any, seed: int, epoch: Any, restore: bool) -> None:
+        self.dataset, self.seed, self.epoch, self.restore = dataset, seed, epoch, restore
+
+    def __call__(self, indices: Sequence[int]) -> List[Any]:
+        out = []
+        for index in indices:
+            saved = rng_states() if self.restore else None
+            _seed_all(sample_seed(self.seed, self.epoch.value, int(index)))
+            try:
+                out.append(self.dataset[index])
+            finally:
+                if saved is not None:
+                    set_rng_states(saved)
+        return out
+
+
+class _WorkersSeedSamples:
+    """``worker_init_fn`` wrapper: the worker's copy of the dataset makes its samples
+    through :class:`_SeededSamples`, then ``init`` runs (picklable for spawn)."""
+
+    def __init__(self, seed: int, epoch: Any, init: Optional[Any]) -> None:
+        self.seed, self.epoch, self.init = seed, epoch, init
+
+    def __call__(self, worker_id: int) -> None:
+        if self.init is not None:
+            self.init(worker_id)
+        dataset = torch.utils.data.get_worker_info().dataset
+        dataset.__getitems__ = _SeededSamples(dataset, self.seed, self.epoch, False)
 
 
 _EXITING: Any = None  # set at the main process's exit, read by the loader workers
@@ -74,7 +156,13 @@ def _exiting_flag() -> Any:
 
 
 def _set_exiting() -> None:
-    _EXITING.value = 1
+    if _EXITING is not None:
+        _EXITING.value = 1
+
+
+def release_workers() -> None:
+    """Let shielded loader workers end on the next SIGTERM (before terminating them)."""
+    _set_exiting()
 
 
 class Preempted(SystemExit):
@@ -116,6 +204,14 @@ class PreemptionHook(Hook):
       by the resumed iteration count. A different world size or batch size at resume
       skips the same number of samples of the epoch (rounded up to whole samples per
       rank, with a warning when it does not divide).
+    - **Random streams** (epoch-based loops, ``seed_samples``): checkpoints record the
+      main process's python / numpy / torch (/ CUDA) random states, restored when a
+      run resumes; each training sample's pipeline runs with those global streams
+      seeded by (seed, epoch, sample index), in the loader workers or the main
+      process, so a sample's augmentation is the same whichever worker makes it after
+      a resume; the train loader draws its workers' base seed from its own generator,
+      not the main process's torch stream. Transforms that keep state from sample to
+      sample (ObjectSample's database sampler walks a shuffled list) are not restored.
     - Train dataloader workers ignore these signals (torch's own workers die on
       SIGTERM, which then fails the main process), so a signal sent to the whole
       process group (Slurm, ``kill -- -PGID``) reaches only the main process's
@@ -125,11 +221,20 @@ class PreemptionHook(Hook):
     Args:
         signals (Sequence[str]): names of the signals that request a stop. Defaults to
             ``('SIGTERM', 'SIGUSR1')``.
+        seed_samples (bool): in epoch-based loops, seed each training sample's
+            pipeline by (seed, epoch, index) for an exact resume. Defaults to True.
     """
 
     priority = 'LOWEST'  # the checkpoint sees every other hook's after_train_iter
 
-    def __init__(self, signals: Sequence[str] = ('SIGTERM', 'SIGUSR1')) -> None:
+    def __init__(self, signals: Sequence[str] = ('SIGTERM', 'SIGUSR1'),
+                 seed_samples: bool = True) -> None:
+        if not isinstance(seed_samples, bool):
+            raise ValueError(f'PreemptionHook: seed_samples must be True or False, got '
+                             f'{seed_samples!r}.')
+        self.seed_samples = seed_samples
+        self._epoch_value: Any = None
+        self._pending_rng: Optional[dict] = None
         if isinstance(signals, str):
             signals = [signals]
         self.signals = []
@@ -202,13 +307,44 @@ class PreemptionHook(Hook):
                           logger='current', level=logging.WARNING)
 
     def before_train(self, runner) -> None:
-        """Continue a resumed epoch where it stopped."""
+        """Continue a resumed epoch where it stopped, with its random streams."""
         self._install()  # a no-op when before_run installed them
         self._shield_workers(runner)
+        self._seed_samples(runner)
         self._continue_epoch(runner)
+        pending, self._pending_rng = self._pending_rng, None
+        if pending is not None and self._epoch_value is not None and runner.iter > 0 \
+                and (pending['epoch'], pending['iter']) == (runner.epoch, runner.iter):
+            # a resume (load_from starts at 0) of an epoch loop with seeded samples; an
+            # iteration loop replays its batches after before_train (mmengine), so
+            # states put back here would be used up by the replay
+            set_rng_states(pending['states'])
+
+    def _seed_samples(self, runner) -> None:
+        """Epoch-based loops: samples seeded by (seed, epoch, index) (class docstring)."""
+        loader = runner.train_loop.dataloader
+        if not self.seed_samples or isinstance(runner.train_loop, IterBasedTrainLoop) \
+                or not isinstance(loader, torch.utils.data.DataLoader) \
+                or self._epoch_value is not None:
+            return
+        seed = int(runner.seed or 0)
+        self._epoch_value = multiprocessing.Value('q', runner.epoch, lock=False)
+        val_loop = getattr(runner, '_val_loop', None)
+        for each in (loader, getattr(val_loop, 'dataloader', None)):
+            # workers' base seeds off the main torch stream (iter() draws one)
+            if isinstance(each, torch.utils.data.DataLoader) and each.generator is None:
+                each.generator = torch.Generator().manual_seed(seed)
+        if getattr(loader, 'num_workers', 0):
+            loader.worker_init_fn = _WorkersSeedSamples(seed, self._epoch_value,
+                                                        loader.worker_init_fn)
+        else:
+            dataset = loader.dataset
+            dataset.__getitems__ = _SeededSamples(dataset, seed, self._epoch_value, True)
 
     def before_train_epoch(self, runner) -> None:
         """Remember the iteration at which this epoch began."""
+        if self._epoch_value is not None:
+            self._epoch_value.value = runner.epoch  # before the epoch's workers start
         self._epoch_first_iter = runner.iter - self._skipped_batches(runner)
 
     def after_train(self, runner) -> None:
@@ -293,10 +429,14 @@ class PreemptionHook(Hook):
                                       batches=0, samples=0)
         else:
             meta[POSITION_KEY] = self._position(runner, epoch, next_iter)
+        meta[RNG_KEY] = dict(epoch=epoch, iter=next_iter, states=rng_states())
 
     def after_load_checkpoint(self, runner, checkpoint: dict) -> None:
-        """Keep the checkpoint's sample position for :meth:`before_train`."""
-        self._pending = (checkpoint.get('meta') or {}).get(POSITION_KEY)
+        """Keep the checkpoint's sample position and random states for
+        :meth:`before_train`."""
+        meta = checkpoint.get('meta') or {}
+        self._pending = meta.get(POSITION_KEY)
+        self._pending_rng = meta.get(RNG_KEY)
 
     def _continue_epoch(self, runner) -> None:
         pending, self._pending = self._pending, None

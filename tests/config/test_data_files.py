@@ -54,8 +54,9 @@ def test_runner_train_names_cut_and_empty_point_files_before_training(root, tmp_
     with pytest.raises(BadDataFileError) as err:
         runner.train()
     msg = str(err.value)
-    assert (f'train_dataloader.dataset.dataset (KittiDataset): 2 of 3 point files in '
-            f'{root}/{REDUCED} cannot be loaded with load_dim=4') in msg
+    assert (f'train_dataloader.dataset.dataset (KittiDataset): 2 of 2 point files in '
+            f'{root}/{REDUCED} that {root}/kitti_infos_train.pkl references cannot be '
+            'loaded with load_dim=4') in msg
     size = osp.getsize(cut)
     assert f'{cut} is {size} bytes, not a multiple of 4 (float32)' in msg
     assert f'{empty} is empty (0 bytes)' in msg
@@ -64,12 +65,14 @@ def test_runner_train_names_cut_and_empty_point_files_before_training(root, tmp_
     assert runner.iter == 0 and not any(n.endswith('.pth') for n in os.listdir(cfg.work_dir))
 
 
-def test_wrong_point_dimension_and_count_of_many(root):
+def test_wrong_point_dimension_and_count_of_many(tmp_path):
+    root = str(tmp_path / 'kitti8')
+    write_kitti(root, 8, 1, seed=0, progress=False)
     cfg = demo_config(root)
     for step in cfg.train_dataloader.dataset.dataset.pipeline:
         if step['type'] == 'LoadPointsFromFile':
             step['load_dim'] = 5  # nuScenes' dimension on KITTI files
-    for i in range(8):  # the 3 frames and 5 more, 3 points of 4 floats: 48 bytes
+    for i in range(8):  # the 8 train frames, 3 points of 4 floats: 48 bytes
         with open(osp.join(root, REDUCED, f'{i:06d}.bin'), 'wb') as f:
             f.write(bytes(48))
     with pytest.raises(BadDataFileError) as err:
@@ -123,3 +126,76 @@ def test_opt_out_skips_the_file_checks(root):
     cfg = demo_config(root)
     cfg.preflight = dict(check_data=False)
     check_data_paths(cfg)
+
+
+# --------------------------------------------- referenced files: missing, or not judged
+@pytest.mark.slow
+def test_runner_train_names_missing_point_files_before_iteration_1(root, tmp_path):
+    gone = osp.join(root, REDUCED, '000001.bin')
+    os.remove(gone)  # `rm velodyne_reduced/000001.bin`: used to fail after iteration 1
+    cfg = demo_config(root)
+    cfg.work_dir = str(tmp_path / 'work')
+    cfg.train_dataloader.num_workers = 0
+    cfg.train_dataloader.persistent_workers = False
+    cfg.train_cfg.max_iters = 2
+    runner = Runner.from_cfg(cfg)
+    with pytest.raises(BadDataFileError) as err:
+        runner.train()
+    msg = str(err.value)
+    assert (f'train_dataloader.dataset.dataset (KittiDataset): 1 of 2 point files that '
+            f'{root}/kitti_infos_train.pkl references are missing:\n      {gone}\n') in msg
+    assert 'copy the missing files again' in msg
+    assert f'create_synthetic_data.py kitti --out {root}' in msg
+    assert runner.iter == 0 and not any(n.endswith('.pth') for n in os.listdir(cfg.work_dir))
+
+
+def test_missing_files_are_counted_with_the_first_few_named(tmp_path):
+    root = str(tmp_path / 'kitti8')
+    write_kitti(root, 8, 1, seed=0, progress=False)
+    for i in range(7):
+        os.remove(osp.join(root, REDUCED, f'{i:06d}.bin'))
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(demo_config(root), loaders=['train_dataloader'], evaluators=[])
+    msg = str(err.value)
+    assert '7 of 8 point files that' in msg
+    assert msg.count(osp.join(root, REDUCED)) == SHOWN
+    assert f'... and {7 - SHOWN} more' in msg
+
+
+def test_a_file_no_info_file_references_is_not_judged(root):
+    with open(osp.join(root, REDUCED, '999999.bin'), 'wb') as f:
+        f.write(b'abc')  # a stray 3-byte file: no frame of any info file names it
+    check_data_paths(demo_config(root))
+
+
+@pytest.fixture(scope='module')
+def nus_camera_root(tmp_path_factory):
+    from mmdet3d_scaling.datasets.synthetic.nuscenes import (NuScenesSyntheticConfig,
+                                                             generate_nuscenes)
+    root = str(tmp_path_factory.mktemp('nus_cam') / 'nuscenes')
+    generate_nuscenes(NuScenesSyntheticConfig(
+        out_dir=root, train_frames=1, val_frames=1, samples_per_scene=1, sweeps=0,
+        image_size=(32, 64), objects_per_sample=2, clutter_per_sample=0,
+        gt_database=False), progress=False)
+    return root
+
+
+def test_missing_camera_images_of_bevfusion_are_named(tmp_path, nus_camera_root):
+    from mmengine.config import Config
+    from tests.datasets.synthetic_helpers import ROOT
+    root = str(tmp_path / 'nuscenes')
+    shutil.copytree(nus_camera_root, root)
+    cfg = Config.fromfile(osp.join(ROOT, 'configs', 'bevfusion',
+                                   'bevfusion_lidar-cam_synthetic_nus_cpu.py'))
+    cfg.val_dataloader.dataset.data_root = root + '/'
+    check_data_paths(cfg, loaders=['val_dataloader'], evaluators=[])  # complete: passes
+    with open(osp.join(root, 'nuscenes_infos_val.pkl'), 'rb') as f:
+        frame = pickle.load(f)['data_list'][0]
+    gone = osp.join(root, 'samples', 'CAM_BACK', frame['images']['CAM_BACK']['img_path'])
+    os.remove(gone)
+    with pytest.raises(BadDataFileError) as err:
+        check_data_paths(cfg, loaders=['val_dataloader'], evaluators=[])
+    msg = str(err.value)
+    assert (f'val_dataloader.dataset (NuScenesDataset): 1 of 6 images that '
+            f'{root}/nuscenes_infos_val.pkl references are missing or empty:\n'
+            f'      {gone}\n') in msg, msg

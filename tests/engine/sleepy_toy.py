@@ -54,3 +54,22 @@ def sleepy_config(backend: str = 'gloo', hang_timeout_s: float = 10,
         backend=backend, hang_timeout_s=hang_timeout_s, timeout_minutes=timeout_minutes,
         model='' if sleep_s is None else f', sleep_s={sleep_s}',
         imports=''.join(f', {m!r}' for m in imports))
+
+
+from mmengine.hooks import Hook  # noqa: E402
+from mmengine.registry import HOOKS  # noqa: E402
+
+
+@HOOKS.register_module(force=True)
+class SleepyBeforeIterHook(Hook):
+    """Sleeps ``sleep_s`` in ``before_train_iter`` of iteration ``at`` (1-based) on
+    global rank ``sleep_rank``: a rank stuck in a hook, before its step."""
+
+    priority = 'NORMAL'
+
+    def __init__(self, sleep_rank: int = 1, at: int = 3, sleep_s: float = 600.0):
+        self.sleep_rank, self.at, self.sleep_s = sleep_rank, at, sleep_s
+
+    def before_train_iter(self, runner, batch_idx, data_batch=None) -> None:
+        if runner.iter + 1 == self.at and runner.rank == self.sleep_rank:
+            time.sleep(self.sleep_s)

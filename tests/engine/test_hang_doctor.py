@@ -91,3 +91,31 @@ def test_hang_doctor_key_adds_the_hook_with_its_timeout():
 def test_bad_hang_timeout_is_named(value, message):
     with pytest.raises(ValueError, match=message.replace('(', r'\(')):
         configure_distributed(_distributed_cfg(hang_timeout_s=value))
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_a_rank_stuck_in_a_hook_is_named_so_and_its_loader_workers_end(tmp_path):
+    """Rank 1 sleeps in another hook's before_train_iter (used to be labelled
+    train_step); its loader workers are shielded by PreemptionHook (they used to ignore
+    the doctor's terminate() and outlive the exit by seconds)."""
+    text = sleepy_config(backend='gloo', hang_timeout_s=10, timeout_minutes=5,
+                         sleep_s=0.0)
+    text = text.replace('num_workers=0,', 'num_workers=1, persistent_workers=True,')
+    text += ("custom_hooks = [dict(type='SleepyBeforeIterHook', sleep_rank=1, at=3), "
+             "dict(type='PreemptionHook')]\n")
+    config = tmp_path / 'stuck_hook.py'
+    config.write_text(text)
+    work = tmp_path / 'work'
+    launch = Launch([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                     '--nproc_per_node=2', TRAIN, str(config), '--launcher', 'pytorch',
+                     '--work-dir', str(work)], cwd=tmp_path, env=launch_env())
+    launch.proc.wait(timeout=240)
+    left = launch._left_after(1.0)  # at most a second after the launcher's end
+    log = launch.finish(timeout=60)
+    assert launch.proc.returncode != 0, log[-4000:]
+    # whichever rank's watchdog fires, rank 1 is named behind, in the hook's phase
+    assert 'rank(s) behind: 1 (' in log, log[-6000:]
+    assert "phase 'train iteration 3: before_train_iter hooks'" in log, log[-6000:]
+    assert len(launch.tree) >= 5  # torchrun, 2 ranks, a loader worker each
+    assert left == [], f'left running after the exit: {left}'

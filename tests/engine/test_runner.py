@@ -81,3 +81,35 @@ def test_auto_batch_size_needs_the_scaling_runner(tmp_path):
     runner = Runner(**toy_runner_cfg(tmp_path, max_iters=2))
     with pytest.raises(TypeError, match="runner_type='ScalingRunner'"):
         require_scaling_runner(runner, 'AutoBatchSizeHook')
+
+
+def _logging_into(runner, lines: list) -> None:
+    import logging
+    handler = logging.Handler(logging.INFO)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    runner.logger.addHandler(handler)
+
+
+@pytest.mark.slow
+def test_resume_into_an_empty_work_dir_says_it_starts_from_iteration_0(tmp_path):
+    work = tmp_path / 'fresh'
+    runner = RUNNERS.build(_cfg(work, resume=True, log_level='INFO'))
+    lines: list = []
+    _logging_into(runner, lines)
+    runner.train()
+    log = '\n'.join(lines)
+    assert f'--resume: no checkpoint found in {work} (no last_checkpoint file, no *.pth): ' \
+           'training starts from iteration 0.' in log, log[-2000:]
+    assert 'Auto resumed from the latest checkpoint None' not in log
+    assert runner.iter == 2
+
+
+@pytest.mark.slow
+def test_resume_without_last_checkpoint_names_the_newest_checkpoint(tmp_path):
+    work = tmp_path / 'run'
+    RUNNERS.build(_cfg(work)).train()
+    os.remove(work / 'last_checkpoint')
+    with pytest.raises(FileNotFoundError) as err:
+        RUNNERS.build(_cfg(work, resume=True)).train()
+    assert f'{work} has no last_checkpoint file' in str(err.value)
+    assert f'`--resume {work / "iter_2.pth"}`' in str(err.value)

@@ -33,7 +33,7 @@ import os
 import os.path as osp
 import pickle
 import zipfile
-from typing import Any, Iterable, List, Optional
+from typing import Any, Iterable, List, Mapping, Optional
 
 import torch
 
@@ -131,6 +131,15 @@ class CorruptCheckpointError(RuntimeError):
     """A checkpoint file that exists but torch cannot read (truncated, empty, not one)."""
 
 
+class NotACheckpointError(CorruptCheckpointError):
+    """A file given as a checkpoint that is whole but holds no checkpoint (another zip,
+    a bare tensor, a list): no retry or copy makes it load."""
+
+
+class MissingCheckpointError(FileNotFoundError):
+    """A checkpoint path (given, or named by ``last_checkpoint``) that does not exist."""
+
+
 def readable_zip(path: str) -> bool:
     """Whether ``path`` is a whole zip archive (torch's format since 1.6): its central
     directory, at the end of the file, is there; a cut file has none. Reads the end only."""
@@ -141,48 +150,149 @@ def readable_zip(path: str) -> bool:
         return False
 
 
+_PICKLE_BOOKKEEPING = ('PROTO', 'FRAME', 'MEMOIZE', 'BINPUT', 'LONG_BINPUT', 'PUT')
+#: pickle GLOBAL names of top-level mappings a checkpoint may be (torch.save of a dict,
+#: of a model's state_dict)
+_MAPPING_GLOBALS = ('collections OrderedDict', 'builtins dict', '__builtin__ dict')
+
+
+def _pickle_top(head: bytes) -> str:
+    """The top-level object of a pickle from its first opcodes: ``'mapping'`` or what
+    else it starts with (a pickler writes the outer object first)."""
+    import io
+    import pickletools
+    try:
+        for op, arg, _ in pickletools.genops(io.BytesIO(head)):
+            if op.name in _PICKLE_BOOKKEEPING:
+                continue
+            if op.name == 'EMPTY_DICT':
+                return 'mapping'
+            if op.name in ('GLOBAL', 'STACK_GLOBAL') and arg in _MAPPING_GLOBALS:
+                return 'mapping'
+            if op.name == 'GLOBAL' and arg:
+                if arg.startswith('torch._utils _rebuild_'):
+                    return 'a bare tensor'
+                return f'a {arg.replace(" ", ".")} object'
+            return {'EMPTY_LIST': 'a list', 'EMPTY_TUPLE': 'a tuple'}.get(
+                op.name, f'an object that is not a dict (pickle opcode {op.name})')
+    except Exception:  # noqa: BLE001  (head cut mid-opcode: judged by the full load)
+        pass
+    return 'mapping'
+
+
+def checkpoint_problem(path: str) -> Optional[str]:
+    """Why ``path`` is not a loadable checkpoint, or None when it looks like one: a
+    whole torch zip whose pickle's top-level object is a dict. Cheap: the zip's central
+    directory and the first bytes of its ``data.pkl`` (tensor data is never read)."""
+    try:
+        size = osp.getsize(path)
+    except OSError as err:
+        return f'cannot be opened ({err.strerror})'
+    if size == 0:
+        return 'is empty (0 bytes)'
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            pickles = [n for n in names if n.endswith('data.pkl') and n.count('/') == 1]
+            if not pickles:
+                shown = ', '.join(names[:5]) + (' ...' if len(names) > 5 else '')
+                return (f'is a zip archive without torch data (no data.pkl; it holds '
+                        f'{shown or "nothing"})')
+            with archive.open(pickles[0]) as f:
+                top = _pickle_top(f.read(256))
+    except zipfile.BadZipFile:
+        with open(path, 'rb') as f:
+            legacy = f.read(2) == b'\x80\x02'  # torch < 1.6 format: a plain pickle
+        return None if legacy else f'cannot be read ({size} bytes)'
+    except (OSError, ValueError) as err:
+        return f'cannot be read ({size} bytes): {err}'
+    if top != 'mapping':
+        return f'holds {top}, not the dict of a checkpoint'
+    return None
+
+
 def previous_checkpoint(filename: str) -> Optional[str]:
-    """The newest other ``*.pth`` in ``filename``'s folder that is a whole archive."""
+    """The newest other ``*.pth`` in ``filename``'s folder that loads as a checkpoint
+    (:func:`checkpoint_problem`: a whole archive holding a dict)."""
     folder = osp.dirname(osp.abspath(filename))
     others = [p for p in glob.glob(osp.join(folder, '*.pth'))
               if osp.abspath(p) != osp.abspath(filename) and osp.isfile(p)]
     for path in sorted(others, key=osp.getmtime, reverse=True):
-        if readable_zip(path):
+        if checkpoint_problem(path) is None and readable_zip(path):
             return path
     return None
 
 
+def _instead(filename: str) -> str:
+    previous = previous_checkpoint(filename)
+    if previous is None:
+        return 'No other readable checkpoint is in its folder'
+    return (f'The newest readable checkpoint in the same folder is {previous}: use '
+            f'it (`--resume {previous}`, `load_from={previous!r}` or `tools/test.py '
+            f'CONFIG {previous}`)')
+
+
 def corrupt_checkpoint_error(filename: str, err: BaseException) -> CorruptCheckpointError:
     """The error for checkpoint ``filename`` that failed to load with ``err``."""
-    size = osp.getsize(filename)
-    state = 'is empty (0 bytes)' if size == 0 else f'cannot be read ({size} bytes)'
-    previous = previous_checkpoint(filename)
-    if previous is not None:
-        instead = (f'The newest readable checkpoint in the same folder is {previous}: use '
-                   f'it (`--resume {previous}`, `load_from={previous!r}` or `tools/test.py '
-                   f'CONFIG {previous}`)')
-    else:
-        instead = 'No other readable checkpoint is in its folder'
+    problem = checkpoint_problem(filename) or f'cannot be read ({osp.getsize(filename)} bytes)'
+    if problem.startswith('is empty'):
+        problem += ', not a checkpoint'
+    elif not problem.startswith('cannot be read'):
+        return not_a_checkpoint_error(filename, problem, err)
     return CorruptCheckpointError(
-        f'checkpoint {filename} {state}: {type(err).__name__}: {str(err).rstrip(".")}. '
+        f'checkpoint {filename} {problem}: {type(err).__name__}: {str(err).rstrip(".")}. '
         'A process killed '
         'while saving it, or an interrupted copy, leaves such files (with the plugin '
         "imported, mmengine's save_checkpoint writes through a temporary file and a "
-        f'rename, so a new save is never cut). {instead}, or copy the file again.')
+        f'rename, so a new save is never cut). {_instead(filename)}, or copy the file again.')
+
+
+def not_a_checkpoint_error(filename: str, problem: str,
+                           err: Optional[BaseException] = None) -> NotACheckpointError:
+    """The error for a file given as a checkpoint that holds none (``problem``)."""
+    cause = f' ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})' \
+        if err is not None and str(err).strip() else ''
+    return NotACheckpointError(
+        f'checkpoint {filename} {problem}: not a checkpoint{cause}. A checkpoint is what '
+        "mmengine's CheckpointHook writes (work_dir/iter_N.pth, epoch_N.pth) or torch.save "
+        f"of a dict (with 'state_dict' or the weights); check the path. {_instead(filename)}.")
+
+
+def missing_checkpoint_error(filename: str) -> MissingCheckpointError:
+    """The error for a checkpoint path that does not exist, saying whether the folder's
+    ``last_checkpoint`` (mmengine's auto-resume pointer) names it."""
+    folder = osp.dirname(osp.abspath(filename))
+    pointer = osp.join(folder, 'last_checkpoint')
+    named = ''
+    try:
+        with open(pointer) as f:
+            if osp.abspath(f.read().strip()) == osp.abspath(filename):
+                named = (f' ({pointer}, the pointer --resume follows, names it: the file '
+                         'was deleted or moved after it was saved)')
+    except OSError:
+        pass
+    folder_state = (_instead(filename) if osp.isdir(folder)
+                    else f'its folder {folder} does not exist either')
+    return MissingCheckpointError(
+        f'checkpoint {filename} does not exist{named}. {folder_state}'
+        + ('; or write that path into last_checkpoint.' if named else '.'))
 
 
 def _torch_load(filename: str, **kwargs: Any) -> Any:
-    """``torch.load`` naming a file it cannot read (see :class:`CorruptCheckpointError`)."""
+    """``torch.load`` naming a file it cannot read (see :class:`CorruptCheckpointError`)
+    and one that holds no checkpoint (:class:`NotACheckpointError`)."""
     try:
-        return torch.load(filename, **kwargs)
-    except pickle.UnpicklingError as err:
-        if osp.getsize(filename) and readable_zip(filename):
-            raise  # a whole archive with objects outside the allow-list: handled by caller
+        loaded = torch.load(filename, **kwargs)
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile) as err:
+        if checkpoint_problem(filename) is None and (
+                readable_zip(filename) or isinstance(err, pickle.UnpicklingError)):
+            raise  # a whole checkpoint with objects outside the allow-list: the caller's
         raise corrupt_checkpoint_error(filename, err) from err
-    except (RuntimeError, EOFError, zipfile.BadZipFile) as err:
-        if readable_zip(filename) and osp.getsize(filename):
-            raise
-        raise corrupt_checkpoint_error(filename, err) from err
+    if not isinstance(loaded, Mapping):
+        raise not_a_checkpoint_error(filename, checkpoint_problem(filename) or (
+            f'holds a {type(loaded).__module__}.{type(loaded).__qualname__}, not the dict '
+            'of a checkpoint'))
+    return loaded
 
 
 def _log_trusted(filename: str) -> None:
@@ -212,7 +322,7 @@ def load_checkpoint_file(filename: str, map_location: Any = None) -> Any:
     """``torch.load`` a checkpoint: allow-listed unless the file is declared trusted."""
     filename = osp.expanduser(filename)
     if not osp.isfile(filename):
-        raise FileNotFoundError(f'checkpoint {filename} can not be found.')
+        raise missing_checkpoint_error(filename)
     if osp.abspath(filename) in trusted_paths():
         _log_trusted(filename)
         return _torch_load(filename, map_location=map_location, weights_only=False)

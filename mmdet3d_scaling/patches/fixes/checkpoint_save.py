@@ -13,8 +13,16 @@ whole new one; a kill leaves at most a hidden ``.iter_N.pth.*.partial`` beside i
 Only ``save_checkpoint`` changes (no other file mmengine writes), and only for local
 paths without ``backend_args`` / ``file_client_args``: other backends and ``pavi://``
 go to upstream's code. The bytes written are upstream's (``torch.save`` of the same dict).
+
+A save that fails (disk full, the file-size limit, a read-only folder) raises
+:class:`CheckpointSaveError` naming the checkpoint, its size and the folder's free space,
+and saying that the previous checkpoint and ``last_checkpoint`` are intact (mmengine's
+CheckpointHook writes ``last_checkpoint`` only after a save returns).
 """
+import errno
 import io
+import os.path as osp
+import shutil
 from typing import Any, Callable, List, Optional
 
 from ...utils.atomic_io import atomic_write
@@ -24,6 +32,53 @@ UPSTREAM = 'mmengine>=0.10,<0.11'
 #: modules that bind ``save_checkpoint`` at import (the hooks and strategies look it up
 #: in these at call time)
 OWNERS = ('mmengine.runner.checkpoint', 'mmengine.runner', 'mmengine.runner.runner')
+
+
+class CheckpointSaveError(OSError):
+    """A local checkpoint save that failed; nothing under the final name changed.
+    ``errno`` / ``strerror`` / ``filename`` are the failed write's; ``str()`` is the
+    whole message."""
+
+    def __init__(self, message: str, err: OSError, filename: str) -> None:
+        super().__init__(err.errno, err.strerror, filename)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+def _previous(folder: str) -> str:
+    """What ``last_checkpoint`` in ``folder`` names, for the error (or that none is)."""
+    pointer = osp.join(folder, 'last_checkpoint')
+    try:
+        with open(pointer) as f:
+            return f'{pointer} (still naming {f.read().strip()})'
+    except OSError:
+        return f'{pointer} (none was written before)'
+
+
+def save_error(filename: str, n_bytes: int, err: OSError) -> CheckpointSaveError:
+    """The error for a save of ``n_bytes`` to ``filename`` that failed with ``err``."""
+    folder = osp.dirname(osp.abspath(filename))
+    try:
+        free = f'{shutil.disk_usage(folder).free / 2**20:.1f} MiB free there'
+    except OSError:
+        free = 'free space unknown'
+    fix = {errno.ENOSPC: 'free disk space there (`df -h ' + folder + '`) or set a '
+                         "work_dir on a larger disk",
+           errno.EFBIG: 'the process file-size limit (`ulimit -f`) is below the '
+                        'checkpoint size: raise it',
+           errno.EDQUOT: 'the disk quota is used up: free space or raise the quota',
+           errno.EACCES: 'the folder is not writable: fix its permissions',
+           errno.EROFS: 'the file system is read-only: use another work_dir'}.get(
+        err.errno, 'fix the cause')
+    previous = 'the previous ' + osp.basename(filename) if osp.exists(filename) else \
+        'the previous checkpoints'
+    return CheckpointSaveError(
+        f'saving checkpoint {filename} ({n_bytes / 2**20:.1f} MiB; {free}) failed: '
+        f'{err.strerror or err}. Nothing under that name changed: {previous} and '
+        f'{_previous(folder)} are intact. {fix[0].upper() + fix[1:]}, then resume '
+        'with tools/train.py CONFIG --resume.', err, filename)
 
 
 def _local(filename: str) -> bool:
@@ -45,7 +100,11 @@ def atomic_save_checkpoint(upstream: Callable) -> Callable:
         import torch
         with io.BytesIO() as f:
             torch.save(checkpoint, f)
-            atomic_write(str(filename), f.getvalue())
+            data = f.getvalue()
+        try:
+            atomic_write(str(filename), data)
+        except OSError as err:
+            raise save_error(str(filename), len(data), err) from err
 
     save_checkpoint.__doc__ = upstream.__doc__
     save_checkpoint.original = upstream

@@ -7,13 +7,18 @@ mmengine's ``load``. An empty file (an interrupted converter or copy) fails with
 truncated``: neither names the file, nor how to make it again. The patch wraps exactly
 those reads and raises :class:`CorruptInfoFileError` naming the file, its size and the
 command that regenerates it (chained to the original error). Missing files are left to
-upstream's ``FileNotFoundError``, which names them already.
+upstream's ``FileNotFoundError``, which names them already. An info file of the
+structure before mmdet3d 1.0 (a bare list, or a dict with ``infos``), which mmengine
+refuses with ``TypeError: The annotations loaded from annotation file should be a
+dict`` or ``Annotation must have data_list and metainfo keys`` (no file named), raises
+:class:`OldInfoFormatError` naming the file and mmdet3d's converter command.
 """
 import functools
 import os
 import os.path as osp
 from typing import Any, Callable, List
 
+from ...datasets.info_format import info_structure_problem, update_hint
 from ..patching import Change, Patch, declare
 
 UPSTREAM = ('mmengine>=0.10,<0.11', 'mmdet3d==1.4.0')
@@ -54,6 +59,24 @@ def corrupt_info_error(path: Any, err: BaseException) -> CorruptInfoFileError:
         f'conversion or copy leaves such files; {regenerate_hint(path)}.')
 
 
+class OldInfoFormatError(CorruptInfoFileError):
+    """An info file of the structure before mmdet3d 1.0, which 1.x cannot read."""
+
+
+def old_format_error(path: Any, loaded: Any) -> Any:
+    """:class:`OldInfoFormatError` when ``loaded`` (info file ``path``'s content) has a
+    pre-1.0 structure; None otherwise (mmengine checks the rest)."""
+    if not (isinstance(loaded, list) or (isinstance(loaded, dict) and 'infos' in loaded
+                                         and 'data_list' not in loaded)):
+        return None
+    path = str(getattr(path, 'name', path))
+    name = osp.basename(path)
+    dataset = next((d for d in ('kitti', 'nuscenes', 'waymo', 'lyft', 's3dis', 'scannet',
+                                'sunrgbd') if name.startswith(d)), 'kitti')
+    return OldInfoFormatError(f'info file {path} {info_structure_problem(loaded)}; '
+                              f'{update_hint(path, dataset)}.')
+
+
 def _unreadable(err: BaseException) -> bool:
     """A parse error (finding or opening the file already names it: OSError)."""
     return isinstance(err, Exception) and not isinstance(err, OSError)
@@ -75,11 +98,15 @@ def _named_load(load: Callable) -> Callable:
     @functools.wraps(load)
     def wrapper(file, *args, **kwargs):
         try:
-            return load(file, *args, **kwargs)
+            loaded = load(file, *args, **kwargs)
         except Exception as err:
             if _unreadable(err):
                 raise corrupt_info_error(file, err) from err
             raise
+        old = old_format_error(file, loaded)
+        if old is not None:
+            raise old
+        return loaded
 
     return wrapper
 

@@ -133,3 +133,71 @@ def test_trusted_plain_checkpoint_logs_nothing_extra(tmp_path, no_trusted):
     MMLogger.get_instance('trust_plain_test', log_file=str(log_file), log_level='INFO')
     CheckpointLoader.load_checkpoint(path)
     assert 'it holds no objects outside the mmengine allow-list' in log_file.read_text()
+
+
+# ------------------------------------------------- files that are not checkpoints
+def _not_checkpoints(folder) -> dict:
+    """A zip without torch data, a bare tensor, an empty file: newer than iter_4.pth."""
+    import zipfile
+    paths = dict(notorch=folder / 'notorch.pth', tensor=folder / 'tensor.pth',
+                 empty=folder / 'empty.pth')
+    with zipfile.ZipFile(paths['notorch'], 'w') as archive:
+        archive.writestr('hello.txt', 'hello')
+    torch.save(torch.zeros(3), paths['tensor'])
+    paths['empty'].write_bytes(b'')
+    return paths
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize('kind, what', [
+    ('notorch', 'is a zip archive without torch data (no data.pkl; it holds hello.txt)'),
+    ('tensor', 'holds a bare tensor, not the dict of a checkpoint'),
+    ('empty', 'is empty (0 bytes), not a checkpoint')])
+def test_a_file_that_is_not_a_checkpoint_is_named_and_never_recommended(
+        cut_run, tmp_path, kind, what):
+    bad = _not_checkpoints(cut_run)  # beside the cut iter_8.pth and the whole iter_4.pth
+    cfg = toy_runner_cfg(tmp_path / 'r', max_iters=12, resume=True,
+                         load_from=str(bad[kind]))
+    with pytest.raises(shim.CorruptCheckpointError) as err:
+        Runner(**cfg).train()
+    msg = str(err.value)
+    assert f'checkpoint {bad[kind]} {what}' in msg, msg
+    assert 'not a checkpoint' in msg
+    assert f'The newest readable checkpoint in the same folder is {cut_run / "iter_4.pth"}' \
+        in msg, msg
+    # and the cut checkpoint's error recommends none of them either
+    cfg = toy_runner_cfg(tmp_path / 'c', max_iters=12, resume=True,
+                         load_from=str(cut_run / 'iter_8.pth'))
+    with pytest.raises(shim.CorruptCheckpointError) as err:
+        Runner(**cfg).train()
+    _expect_named(err, cut_run)
+
+
+def test_readability_means_a_checkpoint_dict(tmp_path):
+    bad = _not_checkpoints(tmp_path)
+    for path in bad.values():
+        assert shim.checkpoint_problem(str(path)) is not None, path
+    torch.save(dict(state_dict=dict(w=torch.zeros(2))), tmp_path / 'ok.pth')
+    torch.save(torch.nn.Linear(2, 1).state_dict(), tmp_path / 'weights.pth')  # OrderedDict
+    assert shim.checkpoint_problem(str(tmp_path / 'ok.pth')) is None
+    assert shim.checkpoint_problem(str(tmp_path / 'weights.pth')) is None
+    assert CheckpointLoader.load_checkpoint(str(tmp_path / 'weights.pth'))['weight'].shape \
+        == (1, 2)
+
+
+@pytest.mark.slow
+def test_last_checkpoint_naming_a_deleted_file_points_to_the_readable_one(tmp_path,
+                                                                          no_trusted):
+    work = tmp_path / 'run'
+    cfg = toy_runner_cfg(work, max_iters=4)
+    cfg['default_hooks']['checkpoint']['interval'] = 2
+    Runner(**cfg).train()
+    os.remove(work / 'iter_4.pth')  # last_checkpoint still names it
+    with pytest.raises(shim.MissingCheckpointError) as err:
+        Runner(**toy_runner_cfg(work, max_iters=8, resume=True)).train()
+    msg = str(err.value)
+    assert f'checkpoint {work / "iter_4.pth"} does not exist ({work / "last_checkpoint"}' \
+        in msg, msg
+    assert f'The newest readable checkpoint in the same folder is {work / "iter_2.pth"}' \
+        in msg
+    assert f'--resume {work / "iter_2.pth"}' in msg

@@ -132,3 +132,45 @@ def test_backend_args_go_to_upstream(tmp_path, backend_args):
     from mmengine.runner.checkpoint import save_checkpoint
     save_checkpoint(dict(a=1), str(tmp_path / 'x.pth'), backend_args=backend_args)
     assert torch.load(tmp_path / 'x.pth', weights_only=False) == dict(a=1)
+
+
+_RUN_UNDER_LIMIT = '''
+import resource, signal, sys
+from mmengine.hooks import Hook
+from mmengine.runner import Runner
+import mmdet3d_scaling  # applies the fixes set
+from tests.toy import toy_runner_cfg
+
+class LimitAfter(Hook):
+    """After iteration 2's checkpoint: a file-size limit below a checkpoint's size."""
+    priority = 'LOWEST'
+    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
+        if runner.iter + 1 == 2:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, as a full disk
+            resource.setrlimit(resource.RLIMIT_FSIZE, (60000, 60000))
+
+cfg = toy_runner_cfg(sys.argv[1], max_iters=4, model=dict(type='ToyRegressor',
+                     in_features=40000))
+cfg['train_dataloader']['dataset'] = dict(type='ToyDataset', in_features=40000)
+cfg['default_hooks']['checkpoint']['interval'] = 2
+cfg['custom_hooks'] = [LimitAfter()]
+Runner(**cfg).train()
+'''
+
+
+@pytest.mark.slow
+def test_a_save_past_the_file_size_limit_names_the_checkpoint_and_what_is_intact(tmp_path):
+    work = tmp_path / 'run'
+    env = dict(os.environ, PYTHONPATH=REPO)
+    done = subprocess.run([sys.executable, '-c', _RUN_UNDER_LIMIT, str(work)],
+                          capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
+    assert done.returncode != 0
+    err = done.stderr
+    assert 'CheckpointSaveError: saving checkpoint ' f'{work / "iter_4.pth"} (' in err, err[-3000:]
+    assert 'failed: File too large. Nothing under that name changed: the previous ' \
+           f'checkpoints and {work / "last_checkpoint"} (still naming ' \
+           f'{work / "iter_2.pth"}) are intact.' in err
+    assert '(`ulimit -f`)' in err and 'tools/train.py CONFIG --resume' in err
+    assert (work / 'last_checkpoint').read_text().strip() == str(work / 'iter_2.pth')
+    assert torch.load(work / 'iter_2.pth', weights_only=False)['meta']['iter'] == 2
+    assert not (work / 'iter_4.pth').exists()

@@ -113,3 +113,25 @@ def test_upstream_error_names_no_file(tmp_path):
         patching.apply(reverted)
     with pytest.raises(CorruptInfoFileError):
         base_dataset.load(str(path))
+
+
+@pytest.mark.parametrize('old_format', ['bare_list', 'infos_key'])
+def test_a_bare_list_given_to_the_dataset_is_named(tmp_path, kitti_root, old_format):
+    """KittiDataset(...) built directly (no preflight) with a pre-1.0 info file: used to
+    be mmengine's TypeError / ValueError without the file's name."""
+    import pickle
+    from mmdet3d_scaling.patches.fixes.info_files import OldInfoFormatError
+    root = _copy(kitti_root, tmp_path / 'kitti')
+    path = osp.join(root, 'kitti_infos_val.pkl')
+    with open(path, 'rb') as f:
+        frames = pickle.load(f)['data_list']
+    with open(path, 'wb') as f:
+        pickle.dump(frames if old_format == 'bare_list' else dict(infos=frames), f)
+    with pytest.raises(OldInfoFormatError) as err:
+        _build(demo_config(root).test_dataloader.dataset)
+    msg = str(err.value)
+    shape = 'a bare list' if old_format == 'bare_list' else "a dict with keys ['infos']"
+    assert f'info file {path} is {shape}: the info format of mmdet3d before 1.0' in msg
+    assert (f'update_infos_to_v2.py --dataset kitti --pkl-path {path} --out-dir '
+            f'{root}/v2') in msg
+    assert f'point ann_file at {root}/v2/kitti_infos_val.pkl' in msg  # the f-string
