@@ -94,7 +94,7 @@ class ScalingRunner(Runner):
         check_replaced_types(cfg.to_dict())
         found = plugin_keys(cfg)
         selection = patch_selection(cfg)
-        # built with the patches it trains with; reverted once built (see _in_scope)
+        # built with the patches it trains with; reverted once built (see in_scope)
         with patching.scoped(selection):
             with startup_lines():  # once per job: global rank 0 (others: DEBUG)
                 prepare_config(cfg)
@@ -133,9 +133,11 @@ class ScalingRunner(Runner):
 
     # ------------------------------------------------------------------ commands
     @contextlib.contextmanager
-    def _in_scope(self) -> Iterator[None]:
+    def in_scope(self) -> Iterator[None]:
         """This runner's patches and process-wide settings for one command, reverted
-        afterwards (also on an exception), so that they never outlive it."""
+        afterwards (also on an exception), so that they never outlive it. ``train()``,
+        ``val()`` and ``test()`` run in it; a tool that drives ``model.train_step``
+        itself wraps its steps: ``with runner.in_scope(): ...``."""
         with patching.scoped(self._patches), run_settings(self.cfg):
             yield
 
@@ -151,7 +153,7 @@ class ScalingRunner(Runner):
         self._preflight(*loaders)
         # rank 0 holds WORK_DIR/.train.lock while training: a second live run there is
         # refused (engine/work_dir_lock.py)
-        with self._in_scope():
+        with self.in_scope():
             return run_locked(self._train_explained, self.work_dir, self.rank,
                               self.distributed)
 
@@ -164,12 +166,12 @@ class ScalingRunner(Runner):
 
     def val(self) -> Dict[str, Any]:
         self._preflight('val_dataloader')
-        with self._in_scope():
+        with self.in_scope():
             return super().val()
 
     def test(self) -> Dict[str, Any]:
         self._preflight('test_dataloader')
-        with self._in_scope():
+        with self.in_scope():
             return super().test()
 
     # ------------------------------------------ checkpoint matching (resume_strict)

@@ -9,12 +9,13 @@ import os
 import os.path as osp
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
 
 from mmdet3d_scaling.parallel.signal_relay import rank_pids
+
+from ..launches import launch_env
 
 REPO = osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__))))
 DIST_TRAIN = osp.join(REPO, 'tools', 'dist_train.sh')
@@ -39,16 +40,6 @@ env_cfg = dict(dist_cfg=dict(backend='gloo', timeout=300))
 preflight = dict(check_data=False)
 log_level = 'INFO'
 '''
-
-
-def _env() -> dict:
-    drop = ('RANK', 'WORLD_SIZE', 'LOCAL_RANK', 'MASTER_ADDR', 'MASTER_PORT', 'PORT',
-            'NNODES', 'NODE_RANK')
-    env = {k: v for k, v in os.environ.items()
-           if k not in drop and not k.startswith(('SLURM_', 'OMPI_', 'PMI_', 'TORCHELASTIC'))}
-    env.update(OMP_NUM_THREADS='1', PYTHONPATH=REPO, PYTHON=sys.executable,
-               CUDA_VISIBLE_DEVICES='')
-    return env
 
 
 def _descendants(pid: int) -> set:
@@ -91,7 +82,7 @@ def test_a_signal_to_the_launch_group_saves_on_every_rank_and_exits_0(tmp_path, 
     cfg = tmp_path / 'toy_signal.py'
     cfg.write_text(CONFIG.format(marker=marker))
     proc = subprocess.Popen(['bash', DIST_TRAIN, str(cfg), '2', '--work-dir', str(work)],
-                            cwd=str(tmp_path), env=_env(), stdout=subprocess.PIPE,
+                            cwd=str(tmp_path), env=launch_env(), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 300
     while not all(osp.exists(f'{marker}.rank{r}') for r in (0, 1)):

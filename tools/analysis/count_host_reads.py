@@ -33,7 +33,7 @@ import argparse
 import os.path as osp
 import sys
 import time
-from contextlib import ExitStack
+from contextlib import ExitStack, nullcontext
 from typing import Any, Dict
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))))
@@ -81,6 +81,13 @@ def count(args) -> Dict[str, Any]:
                 'test_cfg', 'test_evaluator'):
         cfg[key] = None
     runner = Runner.from_cfg(cfg)
+    # a ScalingRunner applies the config's patches for its commands only: these steps
+    # are driven here, so they run inside its scope
+    with getattr(runner, 'in_scope', nullcontext)():
+        return _count_steps(runner, args)
+
+
+def _count_steps(runner, args) -> Dict[str, Any]:
     optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
     batches = iter(runner.build_dataloader(runner._train_dataloader))
     model = runner.model
