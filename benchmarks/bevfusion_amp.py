@@ -40,7 +40,7 @@ import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import mmdet3d_scaling  # noqa: E402,F401  (registers the plugin, applies compat shims)
+import mmdet3d_scaling  # noqa: E402,F401  (registers the plugin, applies patches)
 from mmengine.config import Config  # noqa: E402
 from mmengine.hooks import Hook  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402

@@ -12,11 +12,11 @@
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_affinity # the same, distributed.cpu_affinity=split
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_split    # 1, DDP world of one, 2, 2 independent
 #   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_neighbour  # 1 GPU beside a CPU / GPU / host-bound load
-#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # shim GPU tests, GPU census, A/B, 1 -> 2
+#   bash benchmarks/gpu_2x_scaling.sh pv_rcnn_shims   # patch GPU tests, GPU census, A/B, 1 -> 2
 # Knobs (env): COMM_RUN= (empty: also the comm-off run), PROFILE_STEPS, SYNC_BN, SYNC_BN_SCOPE,
 # WORKERS, ITERS, WARMUP_ITERS, REPEATS, GC_INTERVAL, *_TIMEOUT, BEV_ITERS, BEV_WARMUP, BEV_EXTRA,
 # AUTO_BATCH_WORKERS, NPROC (pv_rcnn and pv_rcnn_shims' GPU counts; 1 on a one-GPU machine),
-# AB (pv_rcnn_shims' A/B runs: space-separated NAME=SHIM,SHIM,... skipped in run NAME).
+# AB (pv_rcnn_shims' A/B runs: space-separated NAME=PATCH,PATCH,... skipped in run NAME).
 # Everything the runs write is packed into $OUT/results.tgz.
 set -uo pipefail
 STAGE=${1:?stage: pv_rcnn | bevfusion | auto_batch}
@@ -171,9 +171,9 @@ pv_rcnn_neighbour)
   ;;
 pv_rcnn_shims)
   kitti
-  # The shims that cut host reads, on the GPU: their CUDA tests, the GPU census of a
+  # The patches that cut host reads, on the GPU: their CUDA tests, the GPU census of a
   # micro-batch (CUDA API calls, host reads, top kernels), the 1-GPU run without the
-  # read shims, without the four target shims only, with all (same machine A/B), then
+  # read patches, without the four target patches only, with all (same machine A/B), then
   # with all on NPROC GPUs.
   CUDA_VISIBLE_DEVICES=0 timeout 150 python -m pytest -q -p no:cacheprovider \
     tests/patches/speed/test_grouping_backward.py tests/patches/speed/test_rpn_proposal_nms.py \

@@ -86,8 +86,8 @@ def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
 
 
 def run_setting(args, num: int, scores_kind: str) -> Dict:
-    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as shim
-    mmdet3d_nms_bev = shim.original  # mmdet3d's own, whether or not the patch is on
+    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as patch
+    mmdet3d_nms_bev = patch.original  # mmdet3d's own, whether or not the patch is on
     samples = [proposals(num, seed, scores_kind, args.device)
                for seed in range(args.batch)]
     thr = args.thr

@@ -79,7 +79,7 @@ def _shrink(cfg: Config) -> None:
 
 def build_parts(cfg: Config) -> Tuple[Any, Any, Any]:
     """Model, optim wrapper and train dataset built from ``cfg`` as the Runner would."""
-    import mmdet3d_scaling  # noqa: F401  (registers the plugin, applies compat shims)
+    import mmdet3d_scaling  # noqa: F401  (registers the plugin, applies patches)
     from mmengine.optim import build_optim_wrapper
     from mmengine.registry import init_default_scope
 

@@ -1,5 +1,5 @@
 """PV-RCNN's own heads, built from the plugin's CPU PV-RCNN config, and the comparison
-of sampling results (for shim tests)."""
+of sampling results (for patch tests)."""
 import torch
 from mmengine.config import Config
 

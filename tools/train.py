@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
-import mmdet3d_scaling  # noqa: E402,F401  (registers the plugin, applies compat shims)
+import mmdet3d_scaling  # noqa: E402,F401  (registers the plugin, applies patches)
 from mmdet3d_scaling.engine.cli import train_main  # noqa: E402
 
 if __name__ == '__main__':

@@ -376,7 +376,7 @@ def method_patch(name: str, kind: str, owner: str, key: str, replacement: Callab
                  issue: str = '') -> Patch:
     """A patch that replaces one method of an upstream class.
 
-    ``replacement.original`` is the upstream method from declaration on, so shims can
+    ``replacement.original`` is the upstream method from declaration on, so patches can
     fall back to it and tests can compare with it whether or not the patch is applied.
     """
     cls = resolve_owner(owner)

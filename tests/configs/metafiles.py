@@ -64,8 +64,8 @@ MEASURED: Dict[str, Tuple[str, list, dict, List[str]]] = {
     'demo/pointpillars_synthetic_kitti_cpu.py': (
         'CPU (2 cores)',
         [dict(Task='3D Object Detection', Dataset='Synthetic KITTI',
-              Metrics={'3D AP40 moderate (mean of 3 seeds)': 6.20,
-                       'BEV AP40 moderate (mean of 3 seeds)': 9.57})],
+              Metrics={'3D mAP, AP40 moderate (mean of 3 seeds)': 6.20,
+                       'BEV mAP, AP40 moderate (mean of 3 seeds)': 9.57})],
         {}, ['docs/data/parity_pointpillars_demo_cpu_300.json']),
     'pv_rcnn/pv_rcnn_synthetic_kitti.py': (
         '1x H200',

@@ -39,7 +39,7 @@ def _dataset(root, split='train', pipeline=(), test_mode=False, camera=False):
     from mmdet3d.datasets import NuScenesDataset
     from mmengine.registry import init_default_scope
 
-    import mmdet3d_scaling  # noqa: F401  (registers, applies compat shims)
+    import mmdet3d_scaling  # noqa: F401  (registers, applies patches)
     init_default_scope('mmdet3d')  # pipeline dicts are built from mmdet3d's registries
     return NuScenesDataset(
         data_root=root, ann_file=f'nuscenes_infos_{split}.pkl', data_prefix=DATA_PREFIX,

@@ -14,7 +14,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 from mmengine.runner import Runner
 
-import mmdet3d_scaling  # noqa: F401  (registers the hook, applies the shims)
+import mmdet3d_scaling  # noqa: F401  (registers the hook, applies the patches)
 from mmdet3d_scaling.hooks.gradient_cumulative_optimizer_hook import (
     CHECKPOINT_KEY, AccumulationCheckpointHook, GradientCumulativeOptimizerHook,
     batch_norm_layers)

@@ -114,7 +114,7 @@ def test_iou_exactly_at_the_threshold(device, seed):
 @pytest.mark.parametrize('ties', [False, True])
 def test_same_as_mmdet3d_nms_bev(device, pre, post, ties):
     from mmdet3d.structures import LiDARInstance3DBoxes, xywhr2xyxyr
-    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as shim
+    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as patch
     boxes, scores = _boxes(500, 6, ties=ties)
     xyzwlhr = torch.cat([boxes[:, :2], torch.zeros(500, 1), boxes[:, 2:4],
                          torch.ones(500, 1), boxes[:, 4:]], 1)
@@ -122,19 +122,19 @@ def test_same_as_mmdet3d_nms_bev(device, pre, post, ties):
     scores = scores.to(device)
     for thr in (0.1, 0.8):
         ours = nms_bev(for_nms, scores, thr, pre, post)
-        _assert_same(ours, shim.original(for_nms, scores, thr, pre, post))
+        _assert_same(ours, patch.original(for_nms, scores, thr, pre, post))
 
 
 @pytest.mark.parametrize('device', DEVICES)
 def test_nms_bev_groups_cut_each_group(device):
-    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as shim
+    from mmdet3d_scaling.patches.speed.nms_bev import nms_bev as patch
     boxes, scores = _boxes(600, 7)
     xyxyr = torch.cat([boxes[:, :2] - 1, boxes[:, :2] + boxes[:, 2:4], boxes[:, 4:]], 1)
     groups = torch.arange(600) % 4
     xyxyr, scores, groups = xyxyr.to(device), scores.to(device), groups.to(device)
     ours = nms_bev(xyxyr, scores, 0.3, 90, 12, groups=groups)
     theirs = [torch.nonzero(groups == g).squeeze(1) for g in range(4)]
-    theirs = torch.cat([idx[shim.original(xyxyr[idx], scores[idx], 0.3, 90, 12)]
+    theirs = torch.cat([idx[patch.original(xyxyr[idx], scores[idx], 0.3, 90, 12)]
                         for idx in theirs])
     _assert_same(ours, theirs)
 

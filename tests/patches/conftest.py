@@ -1,4 +1,4 @@
-"""The shim tests compare each ``speed`` patch with upstream, on CPU and (where there is
+"""The patch tests compare each ``speed`` patch with upstream, on CPU and (where there is
 one) CUDA tensors, so the set is applied here (on import the plugin applies only
 ``fixes``, and ``cpu`` without CUDA) and reverted afterwards. ``point_ops_cpu`` is named
 on its own so that the CPU cases run on a CUDA machine too; it goes first, as on import,

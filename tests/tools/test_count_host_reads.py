@@ -1,5 +1,5 @@
 """tools/analysis/count_host_reads.py on the demo PointPillars (CPU): the counts, and
-the reads that patches/speed/max_iou_assigner.py removes, with and without that shim (and
+the reads that patches/speed/max_iou_assigner.py removes, with and without that patch (and
 without patches/speed/anchor_targets.py, which bypasses the assigner)."""
 import json
 import os
@@ -36,37 +36,37 @@ def counts(tmp_path_factory):
     # anchor_targets off in both: it takes PointPillars' per-class targets past the
     # assigner altogether (its own reads: tests/patches/speed/test_anchor_targets.py)
     return (_count(base, config, 'upstream', 'max_iou_assigner,anchor_targets'),
-            _count(base, config, 'shimmed', 'anchor_targets', '--launches', '--cuda-api'))
+            _count(base, config, 'patched', 'anchor_targets', '--launches', '--cuda-api'))
 
 
 @pytest.mark.slow
-def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_shim(counts):
-    upstream, shimmed = counts
+def test_the_assigner_loop_is_counted_upstream_and_gone_with_the_patch(counts):
+    upstream, patched = counts
     assert upstream['steps'] == 1 and upstream['samples'] == 2
     upstream_sites = {s['site'] for s in upstream['sites']}
     assert any(ASSIGNER in site for site in upstream_sites)
-    assert not any(ASSIGNER in s['site'] for s in shimmed['sites'])
+    assert not any(ASSIGNER in s['site'] for s in patched['sites'])
     # same seed, same batch: the difference is exactly the assigner's reads
     assigner = sum(s['count'] for s in upstream['sites'] if ASSIGNER in s['site'])
-    assert shimmed['reads_per_step'] == pytest.approx(upstream['reads_per_step']
+    assert patched['reads_per_step'] == pytest.approx(upstream['reads_per_step']
                                                       - assigner)
-    assert shimmed['reads_per_step'] < upstream['reads_per_step']
+    assert patched['reads_per_step'] < upstream['reads_per_step']
 
 
 @pytest.mark.slow
 def test_launches_are_counted_by_site_beside_the_reads(counts):
-    """--launches (shimmed run only): kernel-running operators by call site, copies among
+    """--launches (patched run only): kernel-running operators by call site, copies among
     them; the read counts above are the same with the launch census on."""
-    upstream, shimmed = counts
+    upstream, patched = counts
     assert 'launches_per_step' not in upstream
-    sites = shimmed['launch_sites']
-    assert shimmed['launches_per_step'] == pytest.approx(
-        shimmed['launches_per_sample'] * 2)
-    assert sum(s['count'] for s in sites) <= shimmed['launches_per_step']
-    assert 0 <= shimmed['copies_per_step'] < shimmed['launches_per_step']
+    sites = patched['launch_sites']
+    assert patched['launches_per_step'] == pytest.approx(
+        patched['launches_per_sample'] * 2)
+    assert sum(s['count'] for s in sites) <= patched['launches_per_step']
+    assert 0 <= patched['copies_per_step'] < patched['launches_per_step']
     # a PointPillars step runs hundreds of kernels, in mmdet3d's model code and in the
     # backward pass (attributed to the line that calls backward, in mmengine)
-    assert shimmed['launches_per_step'] > 100
+    assert patched['launches_per_step'] > 100
     assert any('/mmdet3d/models/' in s['site'] for s in sites)
     assert any('/mmengine/optim/' in s['site'] for s in sites)
     counts_desc = [s['count'] for s in sites]
@@ -82,10 +82,10 @@ def test_bad_arguments_are_errors():
 
 @pytest.mark.slow
 def test_cuda_api_profile_runs_after_the_counts(counts):
-    """--cuda-api (shimmed run): further steps under torch.profiler; on a CPU there are
+    """--cuda-api (patched run): further steps under torch.profiler; on a CPU there are
     no CUDA calls to count (GPU attribution: tests/diagnostics/test_profiling.py)."""
-    upstream, shimmed = counts
-    api = shimmed['cuda_api']
+    upstream, patched = counts
+    api = patched['cuda_api']
     assert 'cuda_api' not in upstream
     assert api['device'] == 'cpu' and api['wall_ms_per_step'] > 0
     assert api['calls_per_iter'] == 0 and api['sites'] == [] and api['by_call'] == {}

@@ -2,7 +2,7 @@
 
 The orchestrator (:mod:`.launch`) starts this file as a script, ``python worker.py
 SPEC_JSON`` (under ``torchrun`` for a distributed run), not as ``-m`` of the package:
-importing ``mmdet3d_scaling`` applies the compat shims and wraps ``Runner.from_cfg``, and
+importing ``mmdet3d_scaling`` applies the patches and wraps ``Runner.from_cfg``, and
 a stock comparison run must train stock mmdet3d. So this module imports only the
 standard library at the top, the plugin where a plugin run needs it (the spec's
 ``plugin`` key), and its timing hooks (:mod:`mmdet3d_scaling.diagnostics.hooks`) with
@@ -131,7 +131,7 @@ def run_worker(spec_path: str) -> None:
     from mmengine.config import Config
     from mmengine.runner import Runner
     if spec['plugin']:
-        import mmdet3d_scaling  # noqa: F401  (shims, registries, Runner.from_cfg wrapped)
+        import mmdet3d_scaling  # noqa: F401  (patches, registries, Runner.from_cfg wrapped)
         from mmdet3d_scaling.utils.registry_scope import type_name
         cfg = Config.fromfile(spec['config'])
         if spec.get('gpu_monitor', True):

@@ -2,7 +2,7 @@
 
 ``AmpOptimWrapper.__init__`` asserts that an accelerator is present, so ``--amp``, an
 ``fp16`` key or ``optim_wrapper.type='AmpOptimWrapper'`` abort on a CPU-only machine,
-although torch autocasts on the CPU in bfloat16. On such a machine the shim replaces
+although torch autocasts on the CPU in bfloat16. On such a machine the patch replaces
 the assertion by a logged degradation:
 
 - requested ``dtype`` float16 or None -> bfloat16 autocast on the CPU (mmengine's CPU

@@ -3,7 +3,7 @@
 ``KittiMetric`` computes bird's-eye and 3D overlaps with
 ``kitti_utils.rotate_iou.rotate_iou_gpu_eval``, a numba-CUDA kernel compiled when its
 module is imported, so on a machine without a CUDA driver every KITTI evaluation dies
-with ``CudaSupportError: CUDA driver library cannot be found``. The shim puts a
+with ``CudaSupportError: CUDA driver library cannot be found``. The patch puts a
 stand-in for that module in ``sys.modules`` (mmdet3d imports it lazily, inside the
 overlap functions). On its first call it asks numba for a CUDA device: with one, it
 loads and uses upstream's kernel; without, a CPU twin with the same signature and

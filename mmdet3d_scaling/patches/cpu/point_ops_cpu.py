@@ -5,7 +5,7 @@ mmcv compiles ``furthest_point_sample``, the stacked ``ball_query`` /
 fail ("implementation for device cpu not found", "Torch not compiled with CUDA
 enabled"). PV-RCNN needs all four (``VoxelSetAbstraction``, ``StackedSAModuleMSG``,
 ``ForegroundSegmentationHead``), so it could not even run a forward pass without a GPU.
-The shim rebinds the names mmdet3d imported to dispatchers: CUDA tensors go to mmcv's op
+The patch rebinds the names mmdet3d imported to dispatchers: CUDA tensors go to mmcv's op
 unchanged, CPU tensors to a PyTorch twin with the CUDA kernel's semantics (read from
 mmcv 2.1.0's ``csrc/common/cuda/*_kernel.cuh``). The twins are for tests, smoke runs
 and profiling on a CPU; they are plain loops and tensor ops, not fast.

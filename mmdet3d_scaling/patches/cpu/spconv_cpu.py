@@ -4,12 +4,12 @@ spconv's ``get_current_stream()`` returns ``torch.cuda.current_stream().cuda_str
 unconditionally. Forward on CPU tensors never calls it, but backward does, and on a
 CPU-only torch the call raises ("Torch not compiled with CUDA enabled"). On such a
 torch there is no CUDA stream to wait on, so stream 0 (spconv's "no stream") is right.
-The shim only replaces the function when torch has no CUDA, and only in the spconv
+The patch only replaces the function when torch has no CUDA, and only in the spconv
 modules that imported it by name.
 
 Second defect: spconv 2.3.x has no bf16/fp16 kernels on the CPU (``torch_tensor_to_tv``
 raises ``KeyError: torch.bfloat16``). Without a GPU, AMP degrades to bf16 autocast (see
-``amp_cpu.py``), which hands sparse convolutions bf16 features. On CPU tensors the shim
+``amp_cpu.py``), which hands sparse convolutions bf16 features. On CPU tensors the patch
 runs each sparse convolution in fp32 with autocast off; CUDA tensors are untouched.
 """
 import functools

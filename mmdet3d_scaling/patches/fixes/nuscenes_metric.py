@@ -4,7 +4,7 @@ An early or collapsed model can produce no boxes above the score threshold. mmde
 ``NuScenesMetric`` still hands the empty result file to the devkit's ``NuScenesEval``,
 which fails with "Error: Invalid box type: None" and takes the training run (which
 evaluates every epoch) down with it. With no detections every AP is 0 and NDS is 0, so
-the shim returns those numbers, with a warning, instead of calling the devkit.
+the patch returns those numbers, with a warning, instead of calling the devkit.
 """
 import functools
 import json

@@ -5,7 +5,7 @@ and ``reshape(-1, load_dim)``. A truncated or wrong-format file fails deep in a 
 loader worker with numpy's "buffer size must be a multiple of element size" (cut inside
 a value) or "cannot reshape array of size N", naming neither the file nor the expected
 point dimension; a zero-byte file (an interrupted copy) reshapes fine to zero points and
-trains silently on a frame without data. The shim wraps their ``_load_points``: a local
+trains silently on a frame without data. The patch wraps their ``_load_points``: a local
 ``.bin`` file's size is checked before numpy reads it (a file may change after the data
 preflight checked it), and what was read is checked after (remote files), raising
 :class:`CorruptPointCloudError` (or its subclass :class:`EmptyPointCloudError`) naming

@@ -1,5 +1,5 @@
 """``MaxIoUAssigner``'s rules for a whole batch at once, on padded, masked IoUs (shared by
-the ``anchor_targets`` and ``roi_assign`` shims)."""
+the ``anchor_targets`` and ``roi_assign`` patches)."""
 from typing import List, Sequence, Tuple
 
 import torch

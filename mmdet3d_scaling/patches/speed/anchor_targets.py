@@ -7,7 +7,7 @@ wait each), the pseudo sampler reads its counts (one more) and ``len(pos_inds)``
 on the encoding, about 9 waits and ~200 small kernels a sample with 3 classes. Counted on
 PV-RCNN's GPU training step: 72 of a micro-batch's 160 host reads.
 
-The shim computes the same targets for the whole batch at once, class by class: ground
+The patch computes the same targets for the whole batch at once, class by class: ground
 truths padded to the batch's largest count (padding, and with ``assign_per_class`` the
 other classes' rows, masked out of the IoU), the same nearest-BEV IoU and the same
 max-IoU assignment rules as ``Max3DIoUAssigner`` (negatives, positives, low-quality
@@ -18,7 +18,7 @@ time). It handles the common case -- a ``Max3DIoUAssigner`` with
 ``BboxOverlapsNearest3D`` a class, the pseudo sampler, one tensor of anchors shared by
 all samples, no ignored boxes -- and hands anything else to the original. Without
 ``assign_per_class`` upstream replaces each non-empty sample's ``bboxes_3d`` by its
-tensor; so does the shim. Equality of every target and the losses with the original is
+tensor; so does the patch. Equality of every target and the losses with the original is
 tested in ``tests/patches/speed/test_anchor_targets.py``.
 """
 from typing import List, Optional, Sequence, Tuple

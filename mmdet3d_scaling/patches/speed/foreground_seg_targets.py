@@ -6,7 +6,7 @@ reads and writes (``labels[ignore] = -1``, ``gt_labels[box_idx[fg]]``,
 ``labels[fg] = ...``). Counted on PV-RCNN on an H200: 16 of a micro-batch's 160 host
 reads, more once boxes hold keypoints.
 
-The shim groups the keypoints by sample with one stable sort and reads the per-sample
+The patch groups the keypoints by sample with one stable sort and reads the per-sample
 counts once a batch, then labels each sample's points with the same two
 ``points_in_boxes_part`` calls (boxes and enlarged boxes) and ``torch.where`` in place
 of the masked writes: the same labels (-1 ignore, 0 background, the class or 1), in the

@@ -9,7 +9,7 @@ them. PV-RCNN's RoI head does this for every class and sample (``proposals[label
 i]``, ``gt_instances[gt_labels == i]``): counted on its training step, 15 host waits a
 sample and a few hundred box objects built in Python.
 
-The shim turns a 1-D boolean mask into indices once (one host wait) and gathers tensor
+The patch turns a 1-D boolean mask into indices once (one host wait) and gathers tensor
 and box fields with them (no further wait, no loop). Other field types (numpy arrays,
 lists, strings, any other object with ``cat``) and other kinds of index go through
 mmengine's own code, so results are identical (tested in

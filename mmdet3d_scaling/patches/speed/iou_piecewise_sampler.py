@@ -7,7 +7,7 @@ known only on the GPU. Counted on PV-RCNN on an H200: 40 of a micro-batch's 160 
 reads.
 
 Every size the sampler needs follows from a few counts (positives, negatives, the
-negatives in each IoU piece). The shim reads them in one go (``piece_counts``, one host
+negatives in each IoU piece). The patch reads them in one go (``piece_counts``, one host
 read a call; ``roi_assign`` reads a whole batch's at once) and then draws exactly as the
 original draws: the same ``randperm`` / ``randint`` calls in the same order with the
 same sizes, so seeded runs pick the same RoIs -- including upstream's last-piece

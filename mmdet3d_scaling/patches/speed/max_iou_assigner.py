@@ -9,7 +9,7 @@ step (ObjectSample pastes up to 35 objects a scene): 60 of the step's waits a sa
 A host-bound model loses its CPU / GPU overlap at every one, and in DDP each is also a
 point where the ranks wait for each other.
 
-The shim replaces the method with one that computes the same assignment from whole-tensor
+The patch replaces the method with one that computes the same assignment from whole-tensor
 operations (``torch.where``, ``amax``, ``scatter_reduce``) and no host read: later ground
 truths still win over earlier ones where the loop would overwrite, ties at a ground
 truth's best IoU are matched the same way. Equality with the original, ties and

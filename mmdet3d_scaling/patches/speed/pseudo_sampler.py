@@ -6,7 +6,7 @@ PV-RCNN call it per sample and class) finds its positive and negative priors wit
 known only on the GPU, so the CPU waits four times. ``unique`` changes nothing there
 (``nonzero`` already gives distinct indices in ascending order).
 
-The shim reads both counts in one host read and takes the indices from one stable
+The patch reads both counts in one host read and takes the indices from one stable
 sort of the priors by kind (positive, negative, ignored): the same ascending int64
 indices, one wait instead of four. Equality with the original is tested in
 ``tests/patches/speed/test_pseudo_sampler.py``.

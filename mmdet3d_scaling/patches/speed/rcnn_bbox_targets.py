@@ -6,7 +6,7 @@ although the mask is made from a size the host knows, and, once there are positi
 RoIs, flips and wraps the yaw targets through two more boolean masks. Counted on
 PV-RCNN on an H200 early in training: 16 of a micro-batch's 160 host reads.
 
-The shim computes the same targets with ``torch.where`` for the masked writes and the
+The patch computes the same targets with ``torch.where`` for the masked writes and the
 positive count from the tensor's shape: no host wait. Equality with the original is
 tested in ``tests/patches/speed/test_rcnn_bbox_targets.py``.
 """

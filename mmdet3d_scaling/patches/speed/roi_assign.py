@@ -8,7 +8,7 @@ three times (``x[mask] = values``: an index computed from the mask each time). W
 classes that is ~18 host waits a sample.
 
 With PV-RCNN's assigners (``Max3DIoUAssigner`` on ``BboxOverlaps3D``, one a class) the
-shim assigns the whole batch at once: one 3D IoU of all ground truths with all
+patch assigns the whole batch at once: one 3D IoU of all ground truths with all
 proposals (each pair computed on its own, as in a per-sample call; the same-sample
 blocks kept), then per class the assigner's rules on the pairs of that class (the
 shared ``assign_masked``: same negatives, positives, low-quality matches and ties) --
@@ -178,7 +178,7 @@ def assign_and_sample(self, proposal_list, batch_gt_instances_3d):
 
 def _sample_batch(sampler, to_sample: list, num_gts) -> list:
     """Sample every sample's RoIs. ``num_gts`` (ints, or a device tensor still to read)
-    goes into the assign results first. With the IoU piecewise sampler's shim in place,
+    goes into the assign results first. With the IoU piecewise sampler's patch in place,
     its counts for the whole batch come in the same single host read (no sampling order
     changes: the assignment draws no random numbers)."""
     on_device = isinstance(num_gts, Tensor)

@@ -36,7 +36,7 @@ UPSTREAM = 'mmdet3d==1.4.0'
 
 
 def _own_code(head) -> bool:
-    """The head decodes and finishes proposals with mmdet3d's code (or our shim's)."""
+    """The head decodes and finishes proposals with mmdet3d's code (or our patch's)."""
     from mmdet3d.models.dense_heads import PartA2RPNHead as rpn
     cls = type(head)
     nms = getattr(cls.class_agnostic_nms, 'original', cls.class_agnostic_nms)

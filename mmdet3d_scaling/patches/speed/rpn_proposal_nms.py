@@ -3,7 +3,7 @@
 PV-RCNN's and Part-A2's RPN turn each sample's anchor predictions into proposals with
 ``class_agnostic_nms``, which indexes six tensors with the same boolean score mask, one
 ``nonzero`` (a host wait) per tensor. Counted on PV-RCNN on an H200: 48 of a micro-batch's
-295 host reads (8 samples). The shim takes the mask's indices once and gathers every
+295 host reads (8 samples). The patch takes the mask's indices once and gathers every
 tensor with them: one wait, then the same NMS, the same direction fix, the same
 ``nms_post`` cut by score and the same result fields, dtypes included (equality with the
 original is tested in ``tests/patches/speed/test_rpn_proposal_nms.py``).

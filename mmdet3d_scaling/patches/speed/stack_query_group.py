@@ -6,12 +6,12 @@ starts with two ``assert``s comparing a tensor sum with a shape (two host reads)
 zeroes the empty balls by boolean-mask assignment (``x[mask] = 0``). Counted on PV-RCNN
 on an H200: the asserts are 24 of a micro-batch's 295 host reads.
 
-The shim computes the same grouping with the checks kept but queued on the device
+The patch computes the same grouping with the checks kept but queued on the device
 (``torch._assert_async``: on a CPU it raises at once with the message; on a GPU a
 failed check stops the run with a device-side assert at the next synchronisation) and
 the empty balls zeroed with ``masked_fill`` (which never needs the mask's indices). Same outputs and
 gradients (``tests/patches/speed/test_stack_query_group.py``); ball query and grouping are
-looked up in mmdet3d's module at call time, so the other shims on them apply.
+looked up in mmdet3d's module at call time, so the other patches on them apply.
 """
 from typing import Optional, Tuple
 
@@ -36,7 +36,7 @@ def forward(self, xyz: Tensor, xyz_batch_cnt: Tensor, new_xyz: Tensor,
             features: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     """``StackQueryAndGroup.forward`` without host reads (see the module doc)."""
     import importlib
-    ops = importlib.import_module(MODULE)  # the names the other shims rebind
+    ops = importlib.import_module(MODULE)  # the names the other patches rebind
     if features is None and not self.use_xyz:
         raise ValueError('StackQueryAndGroup: use_xyz=False needs point features; '
                          'set use_xyz=True or pass features')

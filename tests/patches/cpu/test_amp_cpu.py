@@ -8,7 +8,7 @@ from mmdet3d_scaling.patches.cpu import amp_cpu
 from mmdet3d_scaling.patches import patching
 
 pytestmark = pytest.mark.skipif(amp_cpu.accelerator_available(),
-                                reason='the shim only acts without an accelerator')
+                                reason='the patch only acts without an accelerator')
 
 
 def _wrapper(**kwargs) -> AmpOptimWrapper:

@@ -13,7 +13,7 @@ from mmdet3d_scaling.patches import patching
 from tests.parallel.dist_parts import free_port
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(),
-                                reason='the shim is for CPU-only torch')
+                                reason='the patch is for CPU-only torch')
 
 
 def _init_one_rank(port: int, queue) -> None:

@@ -4,7 +4,7 @@ import sys
 import numpy as np
 import pytest
 
-import mmdet3d_scaling  # noqa: F401  (installs the shim)
+import mmdet3d_scaling  # noqa: F401  (installs the patch)
 from mmdet3d_scaling.patches.cpu import kitti_eval_cpu
 from mmdet3d_scaling.patches import patching
 

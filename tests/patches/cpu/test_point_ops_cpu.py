@@ -5,7 +5,7 @@ import importlib
 import pytest
 import torch
 
-import mmdet3d_scaling  # noqa: F401  (applies the shim)
+import mmdet3d_scaling  # noqa: F401  (applies the patch)
 from mmdet3d_scaling.patches.cpu import point_ops_cpu as ops
 from mmdet3d_scaling.patches import patching
 

@@ -8,7 +8,7 @@ from mmdet3d_scaling.patches import patching
 spconv = pytest.importorskip('spconv.pytorch')
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason='the shim is for CPU-only torch')
+@pytest.mark.skipif(torch.cuda.is_available(), reason='the patch is for CPU-only torch')
 def test_sparse_conv_backward_on_cpu():
     import spconv.pytorch.ops as ops
     assert ops.get_current_stream is spconv_cpu.cpu_current_stream

@@ -8,14 +8,14 @@ from mmengine.runner import Runner
 from mmengine.runner.checkpoint import CheckpointLoader
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.patches.fixes import checkpoint as shim
+from mmdet3d_scaling.patches.fixes import checkpoint as patch
 from tests.toy import toy_runner_cfg
 
 
 @pytest.fixture
 def no_trusted(monkeypatch):
-    monkeypatch.delenv(shim.TRUSTED_ENV, raising=False)
-    monkeypatch.setattr(shim, '_trusted', [])  # the process list too
+    monkeypatch.delenv(patch.TRUSTED_ENV, raising=False)
+    monkeypatch.setattr(patch, '_trusted', [])  # the process list too
 
 
 def _train_and_checkpoint(work_dir) -> str:
@@ -32,7 +32,7 @@ def test_mmengine_checkpoint_needs_the_allow_list(tmp_path, no_trusted):
     # torch >= 2.6 refuses a plain weights_only load of an mmengine checkpoint ...
     with pytest.raises(pickle.UnpicklingError):
         torch.load(path, weights_only=True)
-    # ... and mmengine's loader, routed through the shim, loads it safely.
+    # ... and mmengine's loader, routed through the patch, loads it safely.
     ckpt = CheckpointLoader.load_checkpoint(path, map_location='cpu')
     assert ckpt['meta']['iter'] == 4
     assert 'message_hub' in ckpt and 'optimizer' in ckpt
@@ -50,7 +50,7 @@ def test_resume_through_runner(tmp_path, no_trusted):
 def test_untrusted_globals_are_refused_and_named(tmp_path, no_trusted):
     path = str(tmp_path / 'odd.pth')
     torch.save(dict(state_dict={}, meta=dict(ratio=fractions.Fraction(1, 3))), path)
-    with pytest.raises(shim.UntrustedCheckpointError) as err:
+    with pytest.raises(patch.UntrustedCheckpointError) as err:
         CheckpointLoader.load_checkpoint(path)
     message = str(err.value)
     assert 'fractions.Fraction' in message and '--trust-checkpoint' in message
@@ -60,13 +60,13 @@ def test_untrusted_globals_are_refused_and_named(tmp_path, no_trusted):
 def test_trusted_file_loads_fully(tmp_path, no_trusted):
     path = str(tmp_path / 'odd.pth')
     torch.save(dict(state_dict={}, meta=dict(ratio=fractions.Fraction(1, 3))), path)
-    shim.trust_checkpoints([path])
+    patch.trust_checkpoints([path])
     ckpt = CheckpointLoader.load_checkpoint(path)
     assert ckpt['meta']['ratio'] == fractions.Fraction(1, 3)
     # Trust is per file: a copy elsewhere is still refused.
     other = str(tmp_path / 'copy.pth')
     torch.save(dict(meta=dict(ratio=fractions.Fraction(1, 3))), other)
-    with pytest.raises(shim.UntrustedCheckpointError):
+    with pytest.raises(patch.UntrustedCheckpointError):
         CheckpointLoader.load_checkpoint(other)
 
 
@@ -86,7 +86,7 @@ class _SneakyGetattr:
 def test_getattr_is_limited_to_history_buffer_statistics(tmp_path, no_trusted):
     path = str(tmp_path / 'sneaky.pth')
     torch.save(dict(meta=dict(x=_SneakyGetattr())), path)
-    with pytest.raises(shim.UntrustedCheckpointError, match='--trust-checkpoint'):
+    with pytest.raises(patch.UntrustedCheckpointError, match='--trust-checkpoint'):
         CheckpointLoader.load_checkpoint(path)
 
 
@@ -101,7 +101,7 @@ def test_fresh_process_loads_a_runner_checkpoint(tmp_path, no_trusted):
             'from mmengine.runner.checkpoint import CheckpointLoader\n'
             f'ckpt = CheckpointLoader.load_checkpoint({path!r}, map_location="cpu")\n'
             'print("iter", ckpt["meta"]["iter"])\n')
-    env = {k: v for k, v in os.environ.items() if k != shim.TRUSTED_ENV}
+    env = {k: v for k, v in os.environ.items() if k != patch.TRUSTED_ENV}
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,
                           env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]

@@ -10,7 +10,7 @@ from mmdet3d.models.task_modules.anchor import (AlignedAnchor3DRangeGenerator,
 
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
-from mmdet3d_scaling.patches.speed import anchor_cache as shim
+from mmdet3d_scaling.patches.speed import anchor_cache as patch
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 KITTI_3CLASS = dict(  # configs/_base_/models/pv_rcnn.py, parta2.py
@@ -40,7 +40,7 @@ def _same(ours, theirs):
 
 
 def test_the_patch_is_applied():
-    assert Anchor3DRangeGenerator.grid_anchors is shim.grid_anchors
+    assert Anchor3DRangeGenerator.grid_anchors is patch.grid_anchors
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -48,7 +48,7 @@ def test_the_patch_is_applied():
 def test_every_call_returns_the_anchors_mmdet3d_computes(name, device):
     cls, kwargs, sizes = GENERATORS[name]
     generator = cls(**kwargs)
-    theirs = shim.grid_anchors.original(cls(**kwargs), sizes, device=device)
+    theirs = patch.grid_anchors.original(cls(**kwargs), sizes, device=device)
     for _ in range(3):  # computed, then twice from the cache
         _same(generator.grid_anchors(sizes, device=device), theirs)
     assert len(generator._grid_anchor_cache) == 1
@@ -62,7 +62,7 @@ def test_a_caller_changing_its_anchors_does_not_change_the_next_ones():
     second = generator.grid_anchors(sizes, device='cpu')
     second[0].zero_()
     _same(generator.grid_anchors(sizes, device='cpu'),
-          shim.grid_anchors.original(cls(**kwargs), sizes, device='cpu'))
+          patch.grid_anchors.original(cls(**kwargs), sizes, device='cpu'))
 
 
 def test_new_settings_or_sizes_give_new_anchors():
@@ -73,11 +73,11 @@ def test_new_settings_or_sizes_give_new_anchors():
     generator.rotations = [0.3]
     reference = cls(**{**kwargs, 'sizes': [[4.2, 1.8, 1.6]], 'rotations': [0.3]})
     _same(generator.grid_anchors(sizes, device='cpu'),
-          shim.grid_anchors.original(reference, sizes, device='cpu'))
+          patch.grid_anchors.original(reference, sizes, device='cpu'))
     for size in [(10, 8), (12, 8), (10, 9), (4, 4), (5, 5)]:
         _same(generator.grid_anchors([size], device='cpu'),
-              shim.grid_anchors.original(reference, [size], device='cpu'))
-    assert len(generator._grid_anchor_cache) == shim.KEPT
+              patch.grid_anchors.original(reference, [size], device='cpu'))
+    assert len(generator._grid_anchor_cache) == patch.KEPT
 
 
 def test_long_numpy_settings_are_keyed_by_every_value():
@@ -92,7 +92,7 @@ def test_long_numpy_settings_are_keyed_by_every_value():
     generator.rotations = changed
     reference = cls(**{**kwargs, 'rotations': changed})
     _same(generator.grid_anchors([(2, 2)], device='cpu'),
-          shim.grid_anchors.original(reference, [(2, 2)], device='cpu'))
+          patch.grid_anchors.original(reference, [(2, 2)], device='cpu'))
 
 
 def test_anchors_made_in_inference_mode_are_not_kept():

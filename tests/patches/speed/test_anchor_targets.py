@@ -11,14 +11,14 @@ import pytest
 import torch
 from mmengine.structures import InstanceData
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import anchor_targets as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import anchor_targets as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import DEVICES
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
-ORIGINAL = shim.anchor_target_3d.original
+ORIGINAL = patch.anchor_target_3d.original
 FEATMAP = (20, 22)  # a coarse grid over the KITTI range: quick, same anchor layout
 
 
@@ -84,18 +84,18 @@ def _assert_same(ours, theirs):
     assert ours[6:] == theirs[6:]  # num_total_pos, num_total_neg
 
 
-def test_the_shim_is_in_place():
+def test_the_patch_is_in_place():
     from mmdet3d.models.dense_heads.train_mixins import AnchorTrainMixin
-    assert AnchorTrainMixin.anchor_target_3d is shim.anchor_target_3d
+    assert AnchorTrainMixin.anchor_target_3d is patch.anchor_target_3d
     assert patching.apply(['anchor_targets']) == []  # applied once; the original stays
-    assert shim.anchor_target_3d.original is ORIGINAL
+    assert patch.anchor_target_3d.original is ORIGINAL
 
 
 @pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('seed', [0, 1])
 def test_same_targets_as_mmdet3d(head, seed, device):
     gts = _batch(head, seed, device)
-    ours, theirs = (_targets(fn, head, gts, device) for fn in (shim.anchor_target_3d,
+    ours, theirs = (_targets(fn, head, gts, device) for fn in (patch.anchor_target_3d,
                                                                ORIGINAL))
     _assert_same(ours, theirs)
     labels = theirs[0][0]
@@ -106,7 +106,7 @@ def test_same_targets_as_mmdet3d(head, seed, device):
 
 def test_a_batch_without_ground_truths(head):
     gts = [_gts(head, [], 0, seed, 'cpu') for seed in range(2)]
-    ours, theirs = (_targets(fn, head, gts, 'cpu') for fn in (shim.anchor_target_3d,
+    ours, theirs = (_targets(fn, head, gts, 'cpu') for fn in (patch.anchor_target_3d,
                                                               ORIGINAL))
     _assert_same(ours, theirs)
     assert ours[6] == 2  # max(0, 1) a sample
@@ -121,7 +121,7 @@ def test_same_targets_with_other_assigner_rules(head, low_quality):
         assigner.match_low_quality = low_quality != 'off'
         assigner.neg_iou_thr = (0.05, assigner.neg_iou_thr)
     gts = _batch(head, 5, 'cpu')
-    _assert_same(_targets(shim.anchor_target_3d, head, gts, 'cpu'),
+    _assert_same(_targets(patch.anchor_target_3d, head, gts, 'cpu'),
                  _targets(ORIGINAL, head, gts, 'cpu'))
 
 
@@ -135,7 +135,7 @@ def test_assigners_that_see_every_class(head):
     ours_gts, their_gts = copy.deepcopy(gts), copy.deepcopy(gts)
     args = ([{}] * len(gts), )
     kwargs = dict(num_classes=head.num_classes, sampling=head.sampling)
-    ours = shim.anchor_target_3d(head, _anchors(head, len(gts), 'cpu'), ours_gts, *args,
+    ours = patch.anchor_target_3d(head, _anchors(head, len(gts), 'cpu'), ours_gts, *args,
                                  **kwargs)
     theirs = ORIGINAL(head, _anchors(head, len(gts), 'cpu'), their_gts, *args, **kwargs)
     _assert_same(ours, theirs)
@@ -155,7 +155,7 @@ def test_other_heads_go_to_the_original(head):
     head.bbox_assigner = head.bbox_assigner[0]
     gts = _batch(head, 0, 'cpu')
     with HostReadCensus() as census:
-        ours = _targets(shim.anchor_target_3d, head, gts, 'cpu')
+        ours = _targets(patch.anchor_target_3d, head, gts, 'cpu')
     _assert_same(ours, _targets(ORIGINAL, head, gts, 'cpu'))
     assert census.total > 1
 
@@ -181,7 +181,7 @@ def test_same_losses_as_mmdet3d(head, device, monkeypatch):
 def test_one_read_a_batch(head):
     gts = _batch(head, 0, 'cpu')
     censuses = []
-    for fn in (shim.anchor_target_3d, ORIGINAL):
+    for fn in (patch.anchor_target_3d, ORIGINAL):
         with HostReadCensus() as census:
             _targets(fn, head, gts, 'cpu')
         censuses.append(census)
@@ -201,7 +201,7 @@ def test_large_batches_go_in_chunks(head, monkeypatch):
     assert _batched_assign.sample_chunks(len(gts), per_sample)[0] == slice(0, len(gts))
     monkeypatch.setattr(_batched_assign, 'MAX_PAIRS', 2 * per_sample)
     assert len(_batched_assign.sample_chunks(len(gts), per_sample)) == 2
-    _assert_same(_targets(shim.anchor_target_3d, head, gts, 'cpu'), theirs)
+    _assert_same(_targets(patch.anchor_target_3d, head, gts, 'cpu'), theirs)
 
 
 @pytest.mark.parametrize('config', ['configs/pointpillars/pointpillars_synthetic_kitti.py',
@@ -218,6 +218,6 @@ def test_the_batched_path_serves_second_and_pointpillars(config):
                              test_cfg=model.test_cfg))
     gts = _batch(head, 2, 'cpu')
     with HostReadCensus() as census:
-        ours = _targets(shim.anchor_target_3d, head, gts, 'cpu')
+        ours = _targets(patch.anchor_target_3d, head, gts, 'cpu')
     assert census.total == 1
     _assert_same(ours, _targets(ORIGINAL, head, gts, 'cpu'))

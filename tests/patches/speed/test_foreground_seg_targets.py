@@ -11,13 +11,13 @@ import pytest
 import torch
 from mmengine.structures import InstanceData
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import foreground_seg_targets as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import foreground_seg_targets as patch
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import DEVICES
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
-ORIGINAL = shim.get_targets.original
+ORIGINAL = patch.get_targets.original
 
 
 @pytest.fixture(scope='module')
@@ -61,7 +61,7 @@ def test_same_targets_as_mmdet3d(head, seed, num_classes, device):
     head.num_classes = num_classes
     points, gts = _case(seed)
     points, gts = points.to(device), [g.to(device) for g in gts]
-    ours = shim.get_targets(head, points, copy.deepcopy(gts))['seg_targets']
+    ours = patch.get_targets(head, points, copy.deepcopy(gts))['seg_targets']
     theirs = ORIGINAL(head, points, copy.deepcopy(gts))['seg_targets']
     assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
     assert len(ours) == len(points) - 1
@@ -71,7 +71,7 @@ def test_same_targets_as_mmdet3d(head, seed, num_classes, device):
 def test_one_read_a_batch(head):
     points, gts = _case(0)
     totals = []
-    for fn in (shim.get_targets, ORIGINAL):
+    for fn in (patch.get_targets, ORIGINAL):
         with HostReadCensus() as census:
             fn(head, points, copy.deepcopy(gts))
         totals.append(census.total)

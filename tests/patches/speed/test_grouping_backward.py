@@ -5,8 +5,8 @@ On the CPU the gradient is checked against autograd through point_ops_cpu's gath
 import pytest
 import torch
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import grouping_backward as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import grouping_backward as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.patches.cpu.point_ops_cpu import stack_grouping_operation_cpu
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
@@ -49,7 +49,7 @@ def test_same_gradient_as_autograd_through_the_gather(feature_counts, index_coun
     features, indices, fcnt, icnt = _case(feature_counts, index_counts, invalid=invalid)
     grad_out = torch.randn(indices.shape[0], features.shape[1], indices.shape[1],
                            generator=torch.Generator().manual_seed(1))
-    ours = shim.stack_grouping_backward(grad_out, indices, fcnt, icnt, features.shape[0])
+    ours = patch.stack_grouping_backward(grad_out, indices, fcnt, icnt, features.shape[0])
     theirs = _reference_grad(features, indices, fcnt, icnt, grad_out)
     assert ours.shape == theirs.shape == features.shape
     torch.testing.assert_close(ours, theirs, rtol=1e-5, atol=1e-5)
@@ -60,14 +60,14 @@ def test_repeated_indices_add_up():
     features, indices, fcnt, icnt = _case((3,), (1,), channels=2, nsample=4)
     indices[:] = 2
     grad_out = torch.arange(8.).view(1, 2, 4)
-    grad = shim.stack_grouping_backward(grad_out, indices, fcnt, icnt, 3)
+    grad = patch.stack_grouping_backward(grad_out, indices, fcnt, icnt, 3)
     assert grad.tolist() == [[0., 0.], [0., 0.], [6., 22.]]
 
 
 def test_gradient_dtype_follows_the_features():
     features, indices, fcnt, icnt = _case((6,), (3,))
     grad_out = torch.randn(3, 5, 4).half()
-    grad = shim.stack_grouping_backward(grad_out, indices, fcnt, icnt, 6, torch.float32)
+    grad = patch.stack_grouping_backward(grad_out, indices, fcnt, icnt, 6, torch.float32)
     assert grad.dtype == torch.float32
 
 
@@ -75,7 +75,7 @@ def test_no_host_read():
     features, indices, fcnt, icnt = _case((10, 7), (6, 3))
     grad_out = torch.randn(9, 5, 4)
     with HostReadCensus() as census:
-        shim.stack_grouping_backward(grad_out, indices, fcnt, icnt, 17)
+        patch.stack_grouping_backward(grad_out, indices, fcnt, icnt, 17)
     assert census.total == 0, census.sites(10)
 
 
@@ -110,7 +110,7 @@ def test_cuda_matches_mmcv_forward_and_backward(feature_counts, index_counts):
     grad_out = torch.randn(indices.shape[0], 16, indices.shape[1], device='cuda')
     ours_in = features.clone().requires_grad_()
     theirs_in = features.clone().requires_grad_()
-    ours = shim.StackGrouping.apply(ours_in, indices, fcnt, icnt)
+    ours = patch.StackGrouping.apply(ours_in, indices, fcnt, icnt)
     theirs = mmcv_grouping(theirs_in, indices, fcnt, icnt)
     assert torch.equal(ours, theirs)
     ours.backward(grad_out)

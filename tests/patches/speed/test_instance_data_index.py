@@ -7,12 +7,12 @@ from mmdet.structures.bbox import HorizontalBoxes
 from mmdet3d.structures import LiDARInstance3DBoxes
 from mmengine.structures import InstanceData
 
-import mmdet3d_scaling  # noqa: F401  (applies the shim)
-from mmdet3d_scaling.patches.speed import instance_data_index as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patch)
+from mmdet3d_scaling.patches.speed import instance_data_index as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
-ORIGINAL = shim.getitem.original
+ORIGINAL = patch.getitem.original
 
 
 def _instances(n, seed=0):
@@ -44,10 +44,10 @@ def _same(a, b):
             assert x == y, key
 
 
-def test_the_shim_is_in_place():
-    assert InstanceData.__getitem__ is shim.getitem
+def test_the_patch_is_in_place():
+    assert InstanceData.__getitem__ is patch.getitem
     assert patching.apply(['instance_data_index']) == []  # applied once; the original stays
-    assert shim.getitem.original is ORIGINAL
+    assert patch.getitem.original is ORIGINAL
 
 
 @pytest.mark.parametrize('n', [0, 1, 9, 200])
@@ -90,9 +90,9 @@ def test_one_host_read_per_mask_instead_of_one_per_field():
     data = _instances(50)
     del data.ids, data.names  # tensor and box fields only: the case of PV-RCNN's RoI head
     mask = data.labels_3d == 1
-    with HostReadCensus() as shimmed:
+    with HostReadCensus() as patched:
         data[mask]
     with HostReadCensus() as upstream:
         ORIGINAL(data, mask)
-    assert shimmed.total == 1
+    assert patched.total == 1
     assert upstream.total >= 4  # a read per tensor field, plus the boxes' copy to the host

@@ -12,14 +12,14 @@ import pytest
 import torch
 from mmdet.models.task_modules import AssignResult
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import iou_piecewise_sampler as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import iou_piecewise_sampler as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import DEVICES
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
-ORIGINAL = shim.sample.original
+ORIGINAL = patch.sample.original
 NUM_GTS = 5
 
 # name: (positives, negatives in IoU [0.1, 0.55), negatives in [0, 0.1), ignored)
@@ -64,18 +64,18 @@ def _draw(fn, sampler, case, seed, device):
     return fn(sampler, copy.deepcopy(assign), boxes, gt_boxes)
 
 
-def test_the_shim_is_in_place():
+def test_the_patch_is_in_place():
     from mmdet3d.models.task_modules.samplers import IoUNegPiecewiseSampler
-    assert IoUNegPiecewiseSampler.sample is shim.sample
+    assert IoUNegPiecewiseSampler.sample is patch.sample
     assert patching.apply(['iou_piecewise_sampler']) == []  # applied once; the original stays
-    assert shim.sample.original is ORIGINAL
+    assert patch.sample.original is ORIGINAL
 
 
 @pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('case', sorted(CASES))
 @pytest.mark.parametrize('seed', [0, 1])
 def test_same_sampling_result_as_mmdet3d(sampler, case, seed, device):
-    ours, theirs = (_draw(fn, sampler, case, seed, device) for fn in (shim.sample,
+    ours, theirs = (_draw(fn, sampler, case, seed, device) for fn in (patch.sample,
                                                                        ORIGINAL))
     assert_same_sampling_result(ours, theirs,
                                 {'pos_inds', 'neg_inds', 'iou', 'pos_assigned_gt_inds'})
@@ -85,10 +85,10 @@ def test_same_sampling_result_as_mmdet3d(sampler, case, seed, device):
 
 def test_the_draws_are_random(sampler):
     """Another seed, other RoIs: the comparison above is not of fixed choices."""
-    a = _draw(shim.sample, sampler, 'full_pieces', 0, 'cpu')
+    a = _draw(patch.sample, sampler, 'full_pieces', 0, 'cpu')
     assign, boxes, gt_boxes = _assignment('full_pieces', 0, 'cpu')
     torch.manual_seed(7)
-    b = shim.sample(sampler, assign, boxes, gt_boxes)
+    b = patch.sample(sampler, assign, boxes, gt_boxes)
     assert not torch.equal(a.neg_inds, b.neg_inds)
 
 
@@ -96,7 +96,7 @@ def test_a_negative_upper_bound(sampler):
     sampler = copy.deepcopy(sampler)
     sampler.neg_pos_ub = 1.5
     for case in ('few_positives', 'no_positives'):
-        ours, theirs = (_draw(fn, sampler, case, 0, 'cpu') for fn in (shim.sample,
+        ours, theirs = (_draw(fn, sampler, case, 0, 'cpu') for fn in (patch.sample,
                                                                         ORIGINAL))
         assert torch.equal(ours.neg_inds, theirs.neg_inds)
         assert len(ours.neg_inds) == int(1.5 * max(1, CASES[case][0]))
@@ -106,7 +106,7 @@ def test_gt_as_proposals_goes_to_the_original(sampler):
     sampler = copy.deepcopy(sampler)
     sampler.add_gt_as_proposals = True
     results = []
-    for fn in (shim.sample, ORIGINAL):
+    for fn in (patch.sample, ORIGINAL):
         assign, boxes, gt_boxes = _assignment('full_pieces', 0, 'cpu')
         torch.manual_seed(0)
         with HostReadCensus() as census:
@@ -120,7 +120,7 @@ def test_gt_as_proposals_goes_to_the_original(sampler):
 
 def test_one_read_a_call(sampler):
     counts = []
-    for fn in (shim.sample, ORIGINAL):
+    for fn in (patch.sample, ORIGINAL):
         with HostReadCensus() as census:
             _draw(fn, sampler, 'full_pieces', 0, 'cpu')
         counts.append(census.total)

@@ -2,13 +2,13 @@
 import pytest
 import torch
 
-import mmdet3d_scaling  # noqa: F401  (applies the shim)
+import mmdet3d_scaling  # noqa: F401  (applies the patch)
 from mmdet.models.task_modules.assigners import MaxIoUAssigner
 from mmdet3d.models.task_modules.assigners import Max3DIoUAssigner
-from mmdet3d_scaling.patches.speed import max_iou_assigner as shim
+from mmdet3d_scaling.patches.speed import max_iou_assigner as patch
 from mmdet3d_scaling.patches import patching
 
-ORIGINAL = shim.assign_wrt_overlaps.original
+ORIGINAL = patch.assign_wrt_overlaps.original
 # named with its scope: other tests leave another default scope set
 IOU = dict(type='mmdet.BboxOverlaps2D')
 
@@ -31,12 +31,12 @@ def _same(a, b):
         assert x.dtype == y.dtype and torch.equal(x, y), name
 
 
-def test_the_shim_is_in_place_for_3d_assigners_too():
-    assert MaxIoUAssigner.assign_wrt_overlaps is shim.assign_wrt_overlaps
-    assert Max3DIoUAssigner.assign_wrt_overlaps is shim.assign_wrt_overlaps
-    assert ORIGINAL is not shim.assign_wrt_overlaps
+def test_the_patch_is_in_place_for_3d_assigners_too():
+    assert MaxIoUAssigner.assign_wrt_overlaps is patch.assign_wrt_overlaps
+    assert Max3DIoUAssigner.assign_wrt_overlaps is patch.assign_wrt_overlaps
+    assert ORIGINAL is not patch.assign_wrt_overlaps
     assert patching.apply(['max_iou_assigner']) == []  # applied once; the original stays
-    assert shim.assign_wrt_overlaps.original is ORIGINAL
+    assert patch.assign_wrt_overlaps.original is ORIGINAL
 
 
 @pytest.mark.parametrize('settings', [
@@ -53,7 +53,7 @@ def test_same_assignment_as_mmdet(settings, shape, ties):
     assigner = MaxIoUAssigner(**settings, iou_calculator=IOU)
     for seed in range(3):
         overlaps, labels = _overlaps(*shape, seed=seed, ties=ties)
-        _same(shim.assign_wrt_overlaps(assigner, overlaps, labels),
+        _same(patch.assign_wrt_overlaps(assigner, overlaps, labels),
               ORIGINAL(assigner, overlaps, labels))
 
 
@@ -64,7 +64,7 @@ def test_later_ground_truths_win_as_in_the_loop():
     for assign_all in (True, False):
         assigner = MaxIoUAssigner(pos_iou_thr=0.5, neg_iou_thr=0.1, min_pos_iou=0.2,
                                   gt_max_assign_all=assign_all, iou_calculator=IOU)
-        result = shim.assign_wrt_overlaps(assigner, overlaps, torch.tensor([4, 7]))
+        result = patch.assign_wrt_overlaps(assigner, overlaps, torch.tensor([4, 7]))
         assert result.gt_inds.tolist() == [2, 2 if assign_all else -1, 0]
         assert result.labels.tolist() == [7, 7 if assign_all else -1, -1]
         _same(result, ORIGINAL(assigner, overlaps, torch.tensor([4, 7])))
@@ -74,7 +74,7 @@ def test_later_ground_truths_win_as_in_the_loop():
 def test_empty_inputs_take_the_original_path(shape):
     assigner = MaxIoUAssigner(pos_iou_thr=0.5, neg_iou_thr=0.4, iou_calculator=IOU)
     overlaps = torch.zeros(shape)
-    _same(shim.assign_wrt_overlaps(assigner, overlaps, torch.zeros(shape[0]).long()),
+    _same(patch.assign_wrt_overlaps(assigner, overlaps, torch.zeros(shape[0]).long()),
           ORIGINAL(assigner, overlaps, torch.zeros(shape[0]).long()))
 
 
@@ -83,7 +83,7 @@ def test_empty_inputs_take_the_original_path(shape):
     ('max_iou_assigner', 'mmdet.models.task_modules.assigners.max_iou_assigner'),
     ('', 'mmdet3d_scaling.patches.speed.max_iou_assigner'),
 ])
-def test_the_shim_can_be_skipped(value, expected):
+def test_the_patch_can_be_skipped(value, expected):
     import os
     import subprocess
     import sys
@@ -100,7 +100,7 @@ def test_the_shim_can_be_skipped(value, expected):
 
 
 @pytest.mark.slow
-def test_an_unknown_shim_name_is_an_error():
+def test_an_unknown_patch_name_is_an_error():
     import os
     import subprocess
     import sys

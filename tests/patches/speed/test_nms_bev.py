@@ -13,7 +13,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.patches.speed import nms_bev as shim
+from mmdet3d_scaling.patches.speed import nms_bev as patch
 from mmdet3d_scaling.patches import patching
 from tests.auto_batch_size_common import REPO, _retarget, write_dataset
 
@@ -21,10 +21,10 @@ CONFIG = osp.join(REPO, 'configs', 'pv_rcnn', 'pv_rcnn_synthetic_kitti_cpu.py')
 
 
 def test_every_binding_is_routed():
-    for module in shim.MODULES:
-        assert patching.resolve_owner(module).nms_bev is shim.nms_bev, module
+    for module in patch.MODULES:
+        assert patching.resolve_owner(module).nms_bev is patch.nms_bev, module
     from mmdet3d.models.layers import box3d_nms
-    assert shim.nms_bev.original.__module__ == box3d_nms.__name__
+    assert patch.nms_bev.original.__module__ == box3d_nms.__name__
 
 
 @contextmanager
@@ -32,7 +32,7 @@ def _upstream():
     """The original nms_bev everywhere, then the patch again."""
     patching.revert(['nms_bev'])
     try:
-        assert patching.resolve_owner(shim.MODULES[2]).nms_bev is shim.nms_bev.original
+        assert patching.resolve_owner(patch.MODULES[2]).nms_bev is patch.nms_bev.original
         yield
     finally:
         patching.apply(['nms_bev'])

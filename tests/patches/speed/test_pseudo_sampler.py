@@ -5,12 +5,12 @@ from mmdet.models.task_modules import AssignResult
 from mmdet3d.models.task_modules.samplers import PseudoSampler
 from mmengine.structures import InstanceData
 
-import mmdet3d_scaling  # noqa: F401  (applies the shim)
-from mmdet3d_scaling.patches.speed import pseudo_sampler as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patch)
+from mmdet3d_scaling.patches.speed import pseudo_sampler as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
-ORIGINAL = shim.sample.original
+ORIGINAL = patch.sample.original
 FIELDS = ('pos_inds', 'neg_inds', 'pos_priors', 'neg_priors', 'pos_is_gt',
           'pos_assigned_gt_inds', 'pos_gt_labels', 'pos_gt_bboxes')
 
@@ -30,10 +30,10 @@ def _case(num_priors, num_gts, seed, kinds=(-1, 0, 1)):
     return assign, pred, gts
 
 
-def test_the_shim_is_in_place():
-    assert PseudoSampler.sample is shim.sample
+def test_the_patch_is_in_place():
+    assert PseudoSampler.sample is patch.sample
     assert patching.apply(['pseudo_sampler']) == []  # applied once; the original stays
-    assert shim.sample.original is ORIGINAL
+    assert patch.sample.original is ORIGINAL
 
 
 @pytest.mark.parametrize('num_priors,num_gts', [(0, 0), (1, 1), (50, 0), (300, 7),
@@ -54,9 +54,9 @@ def test_same_sampling_result_as_mmdet3d(num_priors, num_gts, kinds, seed):
 def test_one_host_read_instead_of_four():
     assign, pred, gts = _case(400, 10, seed=3)
     sampler = PseudoSampler()
-    with HostReadCensus() as shimmed:
+    with HostReadCensus() as patched:
         sampler.sample(assign, pred, gts)
     with HostReadCensus() as upstream:
         ORIGINAL(sampler, assign, pred, gts)
-    assert shimmed.total == 1
+    assert patched.total == 1
     assert upstream.total == 4  # two nonzero, two unique

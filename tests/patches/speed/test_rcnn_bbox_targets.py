@@ -9,13 +9,13 @@ import copy
 import pytest
 import torch
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import rcnn_bbox_targets as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import rcnn_bbox_targets as patch
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import DEVICES
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
-ORIGINAL = shim.get_target_single.original
+ORIGINAL = patch.get_target_single.original
 
 
 @pytest.fixture(scope='module')
@@ -40,7 +40,7 @@ def test_same_targets_as_mmdet3d(roi_head, num_pos, num_neg, device):
     head, cfg = roi_head.bbox_head, roi_head.train_cfg
     case = _case(num_pos, num_neg, seed=num_pos + num_neg)
     rois, gts, ious = (t.to(device) for t in case)
-    ours = shim.get_target_single(head, rois.clone(), gts.clone(), ious.clone(), cfg)
+    ours = patch.get_target_single(head, rois.clone(), gts.clone(), ious.clone(), cfg)
     theirs = ORIGINAL(head, rois.clone(), gts.clone(), ious.clone(), cfg)
     names = ['label', 'bbox_targets', 'pos_gt_bboxes', 'reg_mask', 'label_weights',
              'bbox_weights']
@@ -56,7 +56,7 @@ def test_no_host_read(roi_head):
     head, cfg = roi_head.bbox_head, roi_head.train_cfg
     rois, gts, ious = _case(40, 88, 0)
     totals = []
-    for fn in (shim.get_target_single, ORIGINAL):
+    for fn in (patch.get_target_single, ORIGINAL):
         with HostReadCensus() as census:
             fn(head, rois.clone(), gts.clone(), ious.clone(), cfg)
         totals.append(census.total)

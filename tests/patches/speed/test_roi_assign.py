@@ -10,14 +10,14 @@ import pytest
 import torch
 from mmengine.structures import InstanceData
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import roi_assign as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import roi_assign as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.devices import needs_cuda
 from tests.pv_rcnn_heads import assert_same_sampling_result, build_pv_rcnn_head
 
-ORIGINAL = shim.assign_and_sample.original
+ORIGINAL = patch.assign_and_sample.original
 
 
 @pytest.fixture(scope='module')
@@ -65,11 +65,11 @@ def _run(fn, head, batch, seed=123):
     return fn(head, proposals, gts), gts
 
 
-def test_the_shim_is_in_place():
+def test_the_patch_is_in_place():
     from mmdet3d.models.roi_heads import PVRCNNRoiHead
-    assert PVRCNNRoiHead._assign_and_sample is shim.assign_and_sample
+    assert PVRCNNRoiHead._assign_and_sample is patch.assign_and_sample
     assert patching.apply(['roi_assign']) == []  # applied once; the original stays
-    assert shim.assign_and_sample.original is ORIGINAL
+    assert patch.assign_and_sample.original is ORIGINAL
 
 
 def _variant(head, name):
@@ -93,7 +93,7 @@ def _variant(head, name):
 def batched_on_cpu(monkeypatch):
     """The GPU's batched assignment on the CPU too (the CPU's own path is the class
     split: the 'split' variant)."""
-    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', True)
+    monkeypatch.setattr(patch, 'BATCHED_ON_CPU', True)
 
 
 @pytest.mark.parametrize('variant,device', [
@@ -102,10 +102,10 @@ def batched_on_cpu(monkeypatch):
     pytest.param('pv_rcnn', 'cuda', marks=needs_cuda)])
 @pytest.mark.parametrize('seed', [0, 1, 2])
 def test_same_sampling_results_as_mmdet3d(head, seed, variant, device, monkeypatch):
-    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', variant != 'split')
+    monkeypatch.setattr(patch, 'BATCHED_ON_CPU', variant != 'split')
     head = _variant(head, variant)
     batch = _batch(seed, device)
-    (ours, our_gts), (theirs, their_gts) = (_run(shim.assign_and_sample, head, batch),
+    (ours, our_gts), (theirs, their_gts) = (_run(patch.assign_and_sample, head, batch),
                                             _run(ORIGINAL, head, batch))
     assert len(ours) == len(theirs) == len(batch)
     positives = 0
@@ -125,11 +125,11 @@ def test_same_sampling_results_as_mmdet3d(head, seed, variant, device, monkeypat
 def test_host_reads_a_batch(head, variant, reads, monkeypatch):
     """One (batched assignment, the sampler's and ground-truth counts together) or two
     (the class split first) against upstream's per sample and class."""
-    monkeypatch.setattr(shim, 'BATCHED_ON_CPU', variant != 'split')
+    monkeypatch.setattr(patch, 'BATCHED_ON_CPU', variant != 'split')
     head = _variant(head, variant)
     batch = _batch(0)
     counts = []
-    for fn in (shim.assign_and_sample, ORIGINAL):
+    for fn in (patch.assign_and_sample, ORIGINAL):
         with HostReadCensus() as census:
             _run(fn, head, batch)
         counts.append(census)
@@ -137,7 +137,7 @@ def test_host_reads_a_batch(head, variant, reads, monkeypatch):
     here = 'patches/speed/roi_assign.py'
     assert sum(s['count'] for s in ours.sites(50) if here in s['site']) == ours.total == reads
     # upstream: per sample and class, two masked InstanceData (one read each with the
-    # instance_data_index shim) and one nonzero; the sampler (shim) one read a sample
+    # instance_data_index patch) and one nonzero; the sampler (patch) one read a sample
     assert theirs.total == 3 * 3 * len(batch) + len(batch)
 
 
@@ -148,7 +148,7 @@ def test_large_batches_take_their_ious_sample_by_sample(head, batched_on_cpu,
     from mmdet3d_scaling.patches.speed import _batched_assign
     monkeypatch.setattr(_batched_assign, 'MAX_PAIRS', 100)
     batch = _batch(1)
-    (ours, _), (theirs, _) = (_run(shim.assign_and_sample, head, batch),
+    (ours, _), (theirs, _) = (_run(patch.assign_and_sample, head, batch),
                               _run(ORIGINAL, head, batch))
     for a, b in zip(ours, theirs):
         assert_same_sampling_result(a, b, {'pos_inds', 'neg_inds'})

@@ -2,14 +2,14 @@
 
 The head is PV-RCNN's own RPN head (``tests/pv_rcnn_heads.py``); the reference is
 mmdet3d's ``predict_by_feat`` with this patch reverted (its loop over samples, with the
-``rpn_proposal_nms`` shim, itself tested against mmdet3d's code)."""
+``rpn_proposal_nms`` patch, itself tested against mmdet3d's code)."""
 import contextlib
 
 import pytest
 import torch
 from mmengine.config import ConfigDict
 
-from mmdet3d_scaling.patches.speed import rpn_proposal_batch as shim
+from mmdet3d_scaling.patches.speed import rpn_proposal_batch as patch
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
 from ..reverting import reverted
@@ -64,8 +64,8 @@ def _same(ours, theirs):
 def test_batched_proposals_equal_the_loops(head, cfg, seed, device, monkeypatch):
     head = head.to(device)
     calls = []
-    real = shim.nms_of_the_batch
-    monkeypatch.setattr(shim, 'nms_of_the_batch',
+    real = patch.nms_of_the_batch
+    monkeypatch.setattr(patch, 'nms_of_the_batch',
                         lambda h, c: calls.append(len(c)) or real(h, c))
     preds, metas, cfg = _predictions(4, 20, seed, device), _metas(4), ConfigDict(cfg)
     with _loop():
@@ -80,8 +80,8 @@ def test_batched_proposals_equal_the_loops(head, cfg, seed, device, monkeypatch)
 @pytest.mark.parametrize('device', DEVICES)
 def test_the_batch_is_decoded_at_once(head, device, monkeypatch):
     decoded = []
-    real = shim.decode_the_batch
-    monkeypatch.setattr(shim, 'decode_the_batch',
+    real = patch.decode_the_batch
+    monkeypatch.setattr(patch, 'decode_the_batch',
                         lambda h, *a: decoded.append(len(a[-2])) or real(h, *a))
     head = head.to(device)
     cfg = ConfigDict(nms_pre=500, nms_post=64, nms_thr=0.8, score_thr=0,
@@ -110,9 +110,9 @@ def test_softmax_scores_are_decoded_sample_by_sample_then_grouped(head, monkeypa
     """A head the batched decoding does not take (softmax scores): mmdet3d decodes each
     sample, the NMS still runs once for the batch."""
     decoded, grouped = [], []
-    monkeypatch.setattr(shim, 'decode_the_batch', lambda *a: decoded.append(1))
-    real = shim.nms_of_the_batch
-    monkeypatch.setattr(shim, 'nms_of_the_batch',
+    monkeypatch.setattr(patch, 'decode_the_batch', lambda *a: decoded.append(1))
+    real = patch.nms_of_the_batch
+    monkeypatch.setattr(patch, 'nms_of_the_batch',
                         lambda h, c: grouped.append(len(c)) or real(h, c))
     monkeypatch.setattr(head, 'use_sigmoid_cls', False)
     preds, metas = _predictions(3, 12, 0, 'cpu'), _metas(3)
@@ -145,7 +145,7 @@ def test_a_subclass_with_its_own_nms_keeps_it(head):
 
     head.__class__ = OwnNMS
     try:
-        assert not shim._own_code(head)
+        assert not patch._own_code(head)
         out = head.predict_by_feat(*_predictions(2, 8, 0, 'cpu'),
                                    batch_input_metas=_metas(2),
                                    cfg=ConfigDict(nms_pre=50, nms_post=8, nms_thr=0.8,

@@ -6,13 +6,13 @@ import pytest
 import torch
 from mmengine.config import ConfigDict
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import rpn_proposal_nms as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import rpn_proposal_nms as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 from tests.pv_rcnn_heads import build_pv_rcnn_head
 
-ORIGINAL = shim.class_agnostic_nms.original
+ORIGINAL = patch.class_agnostic_nms.original
 
 
 @pytest.fixture(scope='module')
@@ -42,11 +42,11 @@ def _call(fn, head, num, seed, score_thr, rotate, nms_post):
               cfg, meta)
 
 
-def test_the_shim_is_in_place():
+def test_the_patch_is_in_place():
     from mmdet3d.models.dense_heads import PartA2RPNHead
-    assert PartA2RPNHead.class_agnostic_nms is shim.class_agnostic_nms
+    assert PartA2RPNHead.class_agnostic_nms is patch.class_agnostic_nms
     assert patching.apply(['rpn_proposal_nms']) == []  # applied once; the original stays
-    assert shim.class_agnostic_nms.original is ORIGINAL
+    assert patch.class_agnostic_nms.original is ORIGINAL
 
 
 @pytest.mark.parametrize('num,score_thr,nms_post', [
@@ -55,7 +55,7 @@ def test_the_shim_is_in_place():
 @pytest.mark.parametrize('rotate', [True, False])
 @pytest.mark.parametrize('seed', [0, 1])
 def test_same_proposals_as_mmdet3d(head, num, score_thr, nms_post, rotate, seed):
-    ours = _call(shim.class_agnostic_nms, head, num, seed, score_thr, rotate, nms_post)
+    ours = _call(patch.class_agnostic_nms, head, num, seed, score_thr, rotate, nms_post)
     theirs = _call(ORIGINAL, head, num, seed, score_thr, rotate, nms_post)
     assert type(ours.bboxes_3d) is type(theirs.bboxes_3d)
     pairs = [(ours.bboxes_3d.tensor, theirs.bboxes_3d.tensor)] + [
@@ -68,7 +68,7 @@ def test_same_proposals_as_mmdet3d(head, num, score_thr, nms_post, rotate, seed)
 
 def test_one_wait_for_the_mask_instead_of_six(head):
     counts = []
-    for fn in (shim.class_agnostic_nms, ORIGINAL):
+    for fn in (patch.class_agnostic_nms, ORIGINAL):
         with HostReadCensus() as census:
             _call(fn, head, 300, 0, 0.3, True, 512)
         counts.append(census.total)

@@ -1,18 +1,18 @@
 """patches/speed/stack_query_group.py: StackQueryAndGroup without host reads, same outputs.
 
 Runs on the CPU through point_ops_cpu's ball query and grouping twins (on a GPU through
-mmcv's ops and the grouping_backward shim: the same module-level names)."""
+mmcv's ops and the grouping_backward patch: the same module-level names)."""
 import pytest
 import torch
 from mmdet3d.models.layers.pointnet_modules.stack_point_sa_module import \
     StackQueryAndGroup
 
-import mmdet3d_scaling  # noqa: F401  (applies the shims)
-from mmdet3d_scaling.patches.speed import stack_query_group as shim
+import mmdet3d_scaling  # noqa: F401  (applies the patches)
+from mmdet3d_scaling.patches.speed import stack_query_group as patch
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
 
-ORIGINAL = shim.forward.original
+ORIGINAL = patch.forward.original
 
 
 def _case(counts, centre_counts, channels, seed):
@@ -36,10 +36,10 @@ def _run(fn, group, case):
     return out.detach(), idx, [t.grad if t is not None else None for t in leaves]
 
 
-def test_the_shim_is_in_place():
-    assert StackQueryAndGroup.forward is shim.forward
+def test_the_patch_is_in_place():
+    assert StackQueryAndGroup.forward is patch.forward
     assert patching.apply(['stack_query_group']) == []  # applied once; the original stays
-    assert shim.forward.original is ORIGINAL
+    assert patch.forward.original is ORIGINAL
 
 
 @pytest.mark.parametrize('counts,centre_counts', [((40, 25), (10, 7)), ((60,), (16,)),
@@ -51,7 +51,7 @@ def test_same_outputs_and_gradients_as_mmdet3d(counts, centre_counts, channels, 
                                                seed):
     group = StackQueryAndGroup(radius=0.8, sample_nums=8, use_xyz=use_xyz)
     case = _case(counts, centre_counts, channels, seed)
-    ours, theirs = _run(shim.forward, group, case), _run(ORIGINAL, group, case)
+    ours, theirs = _run(patch.forward, group, case), _run(ORIGINAL, group, case)
     assert torch.equal(ours[0], theirs[0]) and torch.equal(ours[1], theirs[1])
     for a, b in zip(ours[2], theirs[2]):
         assert (a is None) == (b is None)
@@ -73,7 +73,7 @@ def test_no_host_read():
     group = StackQueryAndGroup(radius=0.8, sample_nums=8, use_xyz=True)
     case = _case((40, 25), (10, 7), 6, 0)
     counts = []
-    for fn in (shim.forward, ORIGINAL):
+    for fn in (patch.forward, ORIGINAL):
         with HostReadCensus() as census:
             fn(group, *case)
         counts.append(census.total)
@@ -84,7 +84,7 @@ def test_counts_that_do_not_add_up_fail_with_the_message():
     group = StackQueryAndGroup(radius=0.8, sample_nums=8)
     xyz, cnt, new_xyz, new_cnt, features = _case((40, 25), (10, 7), 6, 0)
     with pytest.raises(RuntimeError, match='xyz holds 65 points'):
-        shim.forward(group, xyz, torch.tensor([40, 20], dtype=torch.int32), new_xyz,
+        patch.forward(group, xyz, torch.tensor([40, 20], dtype=torch.int32), new_xyz,
                      new_cnt, features)
 
 
@@ -92,4 +92,4 @@ def test_no_features_without_xyz_is_an_error():
     group = StackQueryAndGroup(radius=0.8, sample_nums=8, use_xyz=False)
     xyz, cnt, new_xyz, new_cnt, _ = _case((40, 25), (10, 7), 0, 0)
     with pytest.raises(ValueError, match='use_xyz=False needs point features'):
-        shim.forward(group, xyz, cnt, new_xyz, new_cnt, None)
+        patch.forward(group, xyz, cnt, new_xyz, new_cnt, None)

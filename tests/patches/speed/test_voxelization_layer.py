@@ -15,7 +15,7 @@ import mmdet3d
 import mmdet3d.models.data_preprocessors.voxelize as mmdet3d_voxelize
 from mmcv.ops import Voxelization
 from mmdet3d_scaling.patches import patching
-from mmdet3d_scaling.patches.speed import voxelization_layer as shim
+from mmdet3d_scaling.patches.speed import voxelization_layer as patch
 from mmdet3d_scaling.datasets.synthetic import KITTI_CLASSES, SensorModel, sample_scene
 
 from ..reverting import reverted
@@ -46,13 +46,13 @@ def _per_sample_loop():
 def sort_calls(monkeypatch):
     """Counts the calls that the patched ``voxelization`` serves by the sort."""
     calls = []
-    real = shim.hard_voxelize
+    real = patch.hard_voxelize
 
     def counting(*args, **kwargs):
         calls.append(len(args[0]))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(shim, 'hard_voxelize', counting)
+    monkeypatch.setattr(patch, 'hard_voxelize', counting)
     return calls
 
 
@@ -93,7 +93,7 @@ def _same(a: dict, b: dict):
 def test_the_patch_rebinds_both_modules():
     assert 'voxelization_layer' in patching.applied()
     for module in (mmcv_voxelize, mmdet3d_voxelize):
-        assert module.voxelization.__module__ == shim.__name__
+        assert module.voxelization.__module__ == patch.__name__
         assert module.voxelization.original.__self__ is module._Voxelization
     with _without_patch():
         assert mmcv_voxelize.voxelization.__self__ is mmcv_voxelize._Voxelization
@@ -151,7 +151,7 @@ def test_inputs_the_sort_does_not_take_go_to_mmcv(sort_calls):
     with _without_patch(), pytest.raises(RuntimeError) as theirs:
         layer(points.bfloat16())
     assert str(ours.value) == str(theirs.value) and len(sort_calls) == 1
-    assert not shim.handles(points, geometry[0], geometry[1], 5, 100, False)
-    assert not shim.handles(points, geometry[0], geometry[1], -1, 100, True)
-    assert not shim.handles(points, geometry[0], [0, 0, 0, 0.1, 4, 4], 5, 100, True)
-    assert shim.handles(points.double(), geometry[0], geometry[1], 5, 100, True)
+    assert not patch.handles(points, geometry[0], geometry[1], 5, 100, False)
+    assert not patch.handles(points, geometry[0], geometry[1], -1, 100, True)
+    assert not patch.handles(points, geometry[0], [0, 0, 0, 0.1, 4, 4], 5, 100, True)
+    assert patch.handles(points.double(), geometry[0], geometry[1], 5, 100, True)

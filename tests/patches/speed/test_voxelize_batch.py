@@ -6,7 +6,7 @@ The package's conftest applies the ``speed`` set; the reference runs revert this
 import pytest
 import torch
 
-from mmdet3d_scaling.patches.speed import voxelize_batch as shim
+from mmdet3d_scaling.patches.speed import voxelize_batch as patch
 
 from ..reverting import reverted
 from .test_voxelization_layer import CONFIGS, DYNAMIC, _batch, _preprocessor, _same, _voxelize
@@ -15,13 +15,13 @@ from .test_voxelization_layer import CONFIGS, DYNAMIC, _batch, _preprocessor, _s
 @pytest.fixture
 def batch_calls(monkeypatch):
     calls = []
-    real = shim.hard_voxelize_batch
+    real = patch.hard_voxelize_batch
 
     def counting(points, *args, **kwargs):
         calls.append(len(points))
         return real(points, *args, **kwargs)
 
-    monkeypatch.setattr(shim, 'hard_voxelize_batch', counting)
+    monkeypatch.setattr(patch, 'hard_voxelize_batch', counting)
     return calls
 
 
@@ -84,8 +84,8 @@ def test_what_the_sort_does_not_take_runs_the_original(batch_calls):
         pass
 
     hard.voxel_layer.__class__ = OwnLayer
-    assert not shim.batchable(hard, batch['inputs']['points'])
+    assert not patch.batchable(hard, batch['inputs']['points'])
     hard.voxel_layer.__class__ = OwnLayer.__mro__[1]
     hard.voxel_layer.deterministic = False
-    assert not shim.batchable(hard, batch['inputs']['points'])
+    assert not patch.batchable(hard, batch['inputs']['points'])
     assert batch_calls == []
