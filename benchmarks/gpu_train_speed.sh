@@ -11,7 +11,8 @@
 # .upstream/mmdetection3d-v1.4.0, a copy of ../shared/reference/...); its CUDA extension
 # is built for this GPU's architecture in a copy under work_dirs/.
 #
-# Stages: tests data encoders upstream_build bevfusion pv_rcnn second
+# Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
+#         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -71,6 +72,19 @@ for stage in "$@"; do
   encoder_profile)  # where the batched op's time goes (top kernels of one step)
     PYTHONPATH=$NOSP python benchmarks/sparse_conv.py --models bevfusion,second --batched \
       --repeats 2 --profile 2>&1 | tail -40
+    ;;
+  profile)  # stage tables (GPU busy, idle ms, launches, waits) of ours with spconv
+    nuscenes; kitti
+    STEP="python tools/analysis/benchmark_train_step.py"
+    PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
+      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 8 --profile 2 \
+      --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
+      --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
+    grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160
+    PYTHONPATH=$SP $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 \
+      --workers 6 --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_spconv_profile.json" \
+      > "$OUT/pv_rcnn_b8_spconv_profile.log" 2>&1
+    grep -E "^\[step\]|Error" "$OUT/pv_rcnn_b8_spconv_profile.log" | cut -c1-160
     ;;
   upstream_build)
     if [ ! -f "$UP/.built" ]; then

@@ -3,8 +3,9 @@
 Registered in ``TASK_UTILS`` under upstream's names: ``BBoxBEVL1Cost``,
 ``IoU3DCost``, ``HungarianAssigner3D`` and ``HeuristicAssigner3D``.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
+import numpy as np
 import torch
 from mmdet.models.task_modules import AssignResult, BaseAssigner
 from mmengine.structures import InstanceData
@@ -49,13 +50,15 @@ class IoU3DCost:
         return -iou * self.weight
 
 
-def _linear_sum_assignment(cost: Tensor):
+def solve_matching(cost: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """scipy's minimum-cost matching of a ``[P, G]`` host cost matrix: matched rows
+    (ascending) and their columns, as int64 arrays."""
     try:
         from scipy.optimize import linear_sum_assignment
     except ImportError as err:
         raise ImportError('HungarianAssigner3D needs scipy: pip install scipy') from err
-    rows, cols = linear_sum_assignment(cost.detach().cpu().numpy())
-    return torch.as_tensor(rows), torch.as_tensor(cols)
+    rows, cols = linear_sum_assignment(cost)
+    return rows.astype(np.int64), cols.astype(np.int64)
 
 
 @register(TASK_UTILS)
@@ -82,6 +85,19 @@ class HungarianAssigner3D(BaseAssigner):
         self.iou_cost = TASK_UTILS.build(iou_cost)
         self.iou_calculator = TASK_UTILS.build(iou_calculator)
 
+    def match_cost(self, bboxes: Tensor, gt_bboxes: Tensor, gt_labels: Tensor,
+                   cls_pred: Tensor, train_cfg: dict) -> Tuple[Tensor, Tensor]:
+        """``[P, G]`` match cost and 3D IoU of proposals and gt boxes (on their
+        device, no host read); arguments as :meth:`assign`."""
+        if len(gt_bboxes) == 0 or len(bboxes) == 0:
+            empty = bboxes.new_zeros(len(bboxes), len(gt_bboxes))
+            return empty, empty
+        cls_cost = self.cls_cost(InstanceData(scores=cls_pred[0].T),
+                                 InstanceData(labels=gt_labels))
+        reg_cost = self.reg_cost(bboxes, gt_bboxes, train_cfg)
+        iou = self.iou_calculator(bboxes, gt_bboxes)
+        return cls_cost + reg_cost + self.iou_cost(iou), iou
+
     def assign(self, bboxes: Tensor, gt_bboxes: Tensor, gt_labels: Tensor,
                cls_pred: Tensor, train_cfg: dict) -> AssignResult:
         """Assign ``[P, D]`` decoded proposals to ``[G, D]`` gt boxes.
@@ -101,14 +117,10 @@ class HungarianAssigner3D(BaseAssigner):
         if num_gts == 0 or num_bboxes == 0:  # every proposal is background
             return AssignResult(num_gts, gt_inds, overlaps, labels=labels)
 
-        cls_cost = self.cls_cost(InstanceData(scores=cls_pred[0].T),
-                                 InstanceData(labels=gt_labels))
-        reg_cost = self.reg_cost(bboxes, gt_bboxes, train_cfg)
-        iou = self.iou_calculator(bboxes, gt_bboxes)
-        cost = cls_cost + reg_cost + self.iou_cost(iou)
-
-        rows, cols = _linear_sum_assignment(cost)
-        rows, cols = rows.to(bboxes.device), cols.to(bboxes.device)
+        cost, iou = self.match_cost(bboxes, gt_bboxes, gt_labels, cls_pred, train_cfg)
+        rows, cols = solve_matching(cost.detach().cpu().numpy())
+        rows = torch.from_numpy(rows).to(bboxes.device)
+        cols = torch.from_numpy(cols).to(bboxes.device)
         gt_inds[rows] = cols + 1
         labels[rows] = gt_labels[cols]
         overlaps[rows] = iou[rows, cols].to(overlaps.dtype)

@@ -94,14 +94,16 @@ class TransFusionBBoxCoder(BaseBBoxCoder):
         parts = [x, y, z, sizes, yaw] + ([vel] if vel is not None else [])
         boxes = torch.cat(parts, dim=1).permute(0, 2, 1)  # [B, P, 7 or 9]
 
+        if not filter:  # no boolean mask: indexing with one would wait for the GPU
+            return [dict(bboxes=boxes[i], scores=scores[i], labels=labels[i])
+                    for i in range(heatmap.shape[0])]
         keep = torch.ones_like(scores, dtype=torch.bool)
-        if filter:
-            if self.score_threshold:
-                keep &= scores > self.score_threshold
-            if self.post_center_range is not None:
-                limits = boxes.new_tensor(self.post_center_range)
-                keep &= (boxes[..., :3] >= limits[:3]).all(-1)
-                keep &= (boxes[..., :3] <= limits[3:]).all(-1)
+        if self.score_threshold:
+            keep &= scores > self.score_threshold
+        if self.post_center_range is not None:
+            limits = boxes.new_tensor(self.post_center_range)
+            keep &= (boxes[..., :3] >= limits[:3]).all(-1)
+            keep &= (boxes[..., :3] <= limits[3:]).all(-1)
         return [
             dict(bboxes=boxes[i][keep[i]], scores=scores[i][keep[i]],
                  labels=labels[i][keep[i]]) for i in range(heatmap.shape[0])

@@ -88,6 +88,13 @@ def _gaussian(radius: int) -> np.ndarray:
 
 def draw_heatmap(labels: Tensor, centres: Tensor, radii: Tensor, num_classes: int,
                  x_size: int, y_size: int) -> Tensor:
+    """:func:`draw_heatmap_array` as a tensor (sharing its memory)."""
+    return torch.from_numpy(draw_heatmap_array(labels, centres, radii, num_classes,
+                                               x_size, y_size))
+
+
+def draw_heatmap_array(labels: Tensor, centres: Tensor, radii: Tensor, num_classes: int,
+                       x_size: int, y_size: int) -> np.ndarray:
     """``[K, X, Y]`` host heatmap with one Gaussian per box.
 
     mmdet3d's ``draw_heatmap_gaussian`` step for step (same window arithmetic, the same
@@ -106,4 +113,4 @@ def draw_heatmap(labels: Tensor, centres: Tensor, radii: Tensor, num_classes: in
                                    radius - left:radius + right]
         if min(kernel.shape) > 0 and min(window.shape) > 0:
             np.maximum(window, kernel, out=window)
-    return torch.from_numpy(heatmap)
+    return heatmap

@@ -24,7 +24,8 @@ from mmdet3d.registry import MODELS, TASK_UTILS
 from mmdet3d.structures import xywhr2xyxyr
 from mmdet3d_scaling.registry import register
 from .assigners import HeuristicAssigner3D, HungarianAssigner3D
-from .heatmap_targets import box_centres_and_radii, draw_heatmap
+from .heatmap_targets import box_centres_and_radii, draw_heatmap_array
+from .hungarian_targets import batch_targets
 
 # Keys of the forward output that are not per-proposal-per-layer.
 _SHARED_KEYS = ('dense_heatmap', 'query_heatmap_score', 'query_labels')
@@ -331,15 +332,32 @@ class TransFusionHead(nn.Module):
     def _num_layers_supervised(self) -> int:
         return self.num_decoder_layers if self.auxiliary else 1
 
+    def layer_slices(self) -> List[slice]:
+        """Each supervised decoder layer's proposals along the last dim of the preds."""
+        p = self.num_proposals
+        return [slice(i * p, (i + 1) * p) for i in range(self._num_layers_supervised)]
+
     def get_targets(self, batch_gt_instances_3d: List[InstanceData],
                     preds: Dict[str, Tensor]) -> Tuple:
         """Targets for a batch; ``preds`` is the dict of :meth:`forward_single`.
 
+        With the Hungarian assigner (the official configs) the whole batch is matched
+        with one host read (:mod:`.hungarian_targets`); other assigners go sample by
+        sample (:meth:`targets_per_sample`). Both return the same values.
+
         Returns:
             tuple: labels ``[B, L*P]``, label_weights, bbox_targets ``[B, L*P, code]``,
-            bbox_weights, ious ``[B, L*P]``, num_pos (int), matched_ious (float),
-            heatmap ``[B, K, X, Y]``.
+            bbox_weights, ious ``[B, L*P]``, num_pos (int), matched_ious (0-dim
+            tensor), heatmap ``[B, K, X, Y]``, heatmap peaks (int: cells equal to 1).
         """
+        if isinstance(self.bbox_assigner, HungarianAssigner3D) and \
+                type(self.bbox_sampler) is PseudoSampler:
+            return batch_targets(self, batch_gt_instances_3d, preds)
+        return self.targets_per_sample(batch_gt_instances_3d, preds)
+
+    def targets_per_sample(self, batch_gt_instances_3d: List[InstanceData],
+                           preds: Dict[str, Tensor]) -> Tuple:
+        """:meth:`get_targets` one sample at a time, as upstream builds them."""
         per_sample = []
         for b, gt in enumerate(batch_gt_instances_3d):
             sample_preds = {k: v[b:b + 1] for k, v in preds.items()
@@ -347,16 +365,17 @@ class TransFusionHead(nn.Module):
             per_sample.append(self.get_targets_single(
                 gt, sample_preds, preds['query_labels'][b]))
         fields = list(zip(*per_sample))
+        heatmap = torch.cat(fields[7])
         return (torch.cat(fields[0]), torch.cat(fields[1]), torch.cat(fields[2]),
                 torch.cat(fields[3]), torch.cat(fields[4]), int(np.sum(fields[5])),
-                float(np.mean(fields[6])), torch.cat(fields[7]))
+                heatmap.new_tensor(float(np.mean(fields[6]))), heatmap,
+                int(heatmap.eq(1).sum().item()))
 
     def _assign(self, boxes: Tensor, scores: Tensor, gt_boxes: Tensor, gt_labels: Tensor,
                 query_labels: Tensor) -> AssignResult:
         """Assign each supervised layer's proposals separately, then concatenate."""
         results = []
-        for layer in range(self._num_layers_supervised):
-            sl = slice(layer * self.num_proposals, (layer + 1) * self.num_proposals)
+        for sl in self.layer_slices():
             if isinstance(self.bbox_assigner, HungarianAssigner3D):
                 res = self.bbox_assigner.assign(boxes[sl], gt_boxes, gt_labels,
                                                 scores[..., sl], self.train_cfg)
@@ -419,21 +438,25 @@ class TransFusionHead(nn.Module):
         Computed on the host in one pass (see :mod:`.heatmap_targets`): the same map,
         bit for bit, as upstream's per-box loop on ``device``.
         """
+        boxes = torch.cat([gt_bboxes_3d.gravity_center, gt_bboxes_3d.tensor[:, 3:]], dim=1)
+        # one copy to the host: the labels (small integers, exact as floats) ride along
+        packed = torch.cat([boxes, gt_labels[:, None].to(boxes)], dim=1).cpu()
+        heatmap = self.draw_heatmap_target(packed, torch.device(device).type == 'cuda')
+        return torch.from_numpy(heatmap).to(device)
+
+    def draw_heatmap_target(self, packed: Tensor, cuda: bool) -> np.ndarray:
+        """``[K, X, Y]`` host heatmap of ``[G, D + 1]`` host boxes (gravity centre,
+        sizes, ..., then the label); ``cuda``: round as the CUDA loop would."""
         cfg = self.train_cfg
         osf = cfg['out_size_factor']
         x_size = int(cfg['grid_size'][0]) // osf
         y_size = int(cfg['grid_size'][1]) // osf
-        boxes = torch.cat([gt_bboxes_3d.gravity_center, gt_bboxes_3d.tensor[:, 3:]], dim=1)
-        # one copy to the host: the labels (small integers, exact as floats) ride along
-        packed = torch.cat([boxes, gt_labels[:, None].to(boxes)], dim=1).cpu()
         boxes, labels = packed[:, :-1], packed[:, -1].long()
         keep, centres, radii = box_centres_and_radii(
             boxes, cfg['voxel_size'], cfg['point_cloud_range'], osf,
-            cfg['gaussian_overlap'], cfg['min_radius'],
-            cuda=torch.device(device).type == 'cuda')
-        heatmap = draw_heatmap(labels[keep], centres, radii, self.num_classes,
-                               x_size, y_size)
-        return heatmap.to(device)
+            cfg['gaussian_overlap'], cfg['min_radius'], cuda=cuda)
+        return draw_heatmap_array(labels[keep], centres, radii, self.num_classes,
+                                  x_size, y_size)
 
     def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]
@@ -452,12 +475,12 @@ class TransFusionHead(nn.Module):
             raise ValueError('TransFusionHead.loss needs train_cfg.')
         preds = preds_dicts[0][0]
         (labels, label_weights, bbox_targets, bbox_weights, _, num_pos, matched_ious,
-         heatmap) = self.get_targets(batch_gt_instances_3d, preds)
+         heatmap, peaks) = self.get_targets(batch_gt_instances_3d, preds)
 
         losses = dict()
         losses['loss_heatmap'] = self.loss_heatmap(
             clip_sigmoid(preds['dense_heatmap']).float(), heatmap.float(),
-            avg_factor=max(heatmap.eq(1).float().sum().item(), 1))
+            avg_factor=max(peaks, 1))
 
         code_weights = bbox_weights.new_tensor(self.train_cfg['code_weights'])
         reg_keys = ['center', 'height', 'dim', 'rot'] + (['vel'] if 'vel' in preds else [])
@@ -474,7 +497,7 @@ class TransFusionHead(nn.Module):
             losses[f'{prefix}_loss_bbox'] = self.loss_bbox(
                 box_preds.permute(0, 2, 1), bbox_targets[:, sl],
                 bbox_weights[:, sl] * code_weights, avg_factor=max(num_pos, 1))
-        losses['matched_ious'] = heatmap.new_tensor(matched_ious)
+        losses['matched_ious'] = matched_ious.detach().to(heatmap.dtype)
         return losses
 
 

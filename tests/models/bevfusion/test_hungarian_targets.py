@@ -1,0 +1,105 @@
+"""TransFusion targets of a whole batch with one host read: the same targets as the
+per-sample path (upstream's order of work), on the CPU and, where there is one, on CUDA."""
+import copy
+
+import pytest
+import torch
+
+from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
+from mmdet3d_scaling.models.bevfusion.hungarian_targets import batch_targets
+
+from .common import GRID, OSF, build, gt_of, tiny_head_cfg, toy_batch
+
+BEV = (GRID[0] // OSF, GRID[1] // OSF)
+DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
+
+
+def _head(device, num_layers=1, pos_weight=-1):
+    cfg = tiny_head_cfg(num_decoder_layers=num_layers)
+    cfg['train_cfg']['pos_weight'] = pos_weight
+    return build(cfg).to(device)
+
+
+def _inputs(device, seed, empty=()):
+    torch.manual_seed(seed)
+    batch = toy_batch(seed=seed, batch_size=3, n_boxes=5, empty=empty)
+    gts = [g.to(device) for g in gt_of(batch)]
+    feats = torch.randn(3, 64, *BEV, device=device)
+    return gts, feats
+
+
+@pytest.mark.parametrize('device', DEVICES)
+@pytest.mark.parametrize('num_layers,pos_weight,empty', [
+    (1, -1, ()), (2, -1, (1, )), (2, 2.0, ()), (1, -1, (0, 1, 2))])
+def test_batch_targets_equal_per_sample_targets(device, num_layers, pos_weight, empty):
+    head = _head(device, num_layers, pos_weight)
+    gts, feats = _inputs(device, seed=num_layers, empty=empty)
+    with torch.no_grad():
+        preds = head(feats, [{}] * 3)[0][0]
+        ours = batch_targets(head, copy.deepcopy(gts), preds)
+        reference = head.targets_per_sample(copy.deepcopy(gts), preds)
+    assert len(ours) == len(reference) == 9
+    names = ['labels', 'label_weights', 'bbox_targets', 'bbox_weights', 'ious',
+             'num_pos', 'matched_ious', 'heatmap', 'peaks']
+    for name, a, b in zip(names, ours, reference):
+        if name == 'matched_ious':  # a logged value: summed over other proposal sets
+            assert a.item() == pytest.approx(b.item(), rel=1e-6, abs=1e-7)
+        elif isinstance(a, torch.Tensor):
+            assert a.dtype == b.dtype and a.device == b.device, name
+            assert torch.equal(a, b), name
+        else:
+            assert a == b, name
+    if len(empty) < 3:
+        assert ours[5] > 0  # the comparison covered matches
+
+
+def test_head_uses_the_batch_path_and_losses_are_unchanged():
+    head = _head('cpu', num_layers=2)
+    gts, feats = _inputs('cpu', seed=4, empty=(2, ))
+    preds = head(feats, [{}] * 3)
+    losses = head.loss_by_feat(preds, copy.deepcopy(gts))
+    head.get_targets = head.targets_per_sample  # the per-sample reference
+    reference = head.loss_by_feat(preds, copy.deepcopy(gts))
+    assert set(losses) == set(reference)
+    for key in losses:
+        if key == 'matched_ious':
+            assert losses[key].item() == pytest.approx(reference[key].item(), rel=1e-6)
+        else:
+            assert torch.equal(losses[key], reference[key]), key
+
+
+def test_one_host_read_for_the_batch():
+    """The per-sample path reads back per sample; the batch path once (the cost
+    matrices and ground truth in one copy: ``.cpu()``, then ``.numpy()`` of the copy).
+    The heatmap drawing is left out: its tensors live on the host on every device."""
+    head = _head('cpu', num_layers=2)
+    gts, feats = _inputs('cpu', seed=5)
+    with torch.no_grad():
+        preds = head(feats, [{}] * 3)[0][0]
+        exclude = ('heatmap_targets.py', )
+        with HostReadCensus(exclude=exclude) as batch:
+            batch_targets(head, copy.deepcopy(gts), preds)
+        with HostReadCensus(exclude=exclude) as per_sample:
+            head.targets_per_sample(copy.deepcopy(gts), preds)
+
+    def device_reads(census):
+        return {k: n for k, n in census.counts.items() if 'draw_heatmap_target' not in k[0]}
+    reads = device_reads(batch)
+    assert sorted(op for _, op in reads) == ['cpu', 'numpy'], reads
+    assert all('to_host' in site for site, _ in reads) and sum(reads.values()) == 2, reads
+    assert sum(device_reads(per_sample).values()) >= 3 * 4, per_sample.counts
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cuda_syncs_of_the_batch_path():
+    from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
+    head = _head('cuda', num_layers=2)
+    gts, feats = _inputs('cuda', seed=6)
+    with torch.no_grad():
+        preds = head(feats, [{}] * 3)[0][0]
+        batch_targets(head, copy.deepcopy(gts), preds)  # warm-up (pinned pools, caches)
+        torch.cuda.synchronize()
+        with SyncSiteRecorder() as rec:
+            batch_targets(head, copy.deepcopy(gts), preds)
+    assert sum(rec.counts.values()) <= 1, rec.counts
