@@ -6,10 +6,11 @@ Pipeline: points -> hard voxelization (a sort) -> mean per voxel -> sparse encod
 fused with the LiDAR map by ``fusion_layer``; then BEV backbone, neck and head.
 """
 import copy
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
+from mmengine.logging import print_log
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
@@ -18,10 +19,13 @@ from mmdet3d.registry import MODELS
 from mmdet3d.structures import Det3DDataSample
 from mmdet3d.utils import OptConfigType, OptMultiConfig
 from mmdet3d_scaling.registry import register
+from ..cuda_graphs import CudaGraphCache
 from .data_preprocessor import BEVFusionDataPreprocessor  # noqa: F401  (registers)
 from .voxelize import BEVFusionVoxelizer
 
 CHECKPOINTABLE = ('img_backbone', 'img_neck', 'view_transform')
+# Chains that model.cuda_graphs may name -> their modules, in call order.
+GRAPHABLE = {'img_encoder': ('img_backbone', 'img_neck')}
 # Camera geometry of each sample: meta key -> argument of the view transform.
 _CAMERA_METAS = (('lidar2img', None), ('cam2img', None), ('cam2lidar', None),
                  ('img_aug_matrix', np.eye(4)), ('lidar_aug_matrix', np.eye(4)))
@@ -61,6 +65,12 @@ class BEVFusion(Base3DDetector):
             step. Defaults to () (none).
         view_transform_fp32 (bool): run the view transform in fp32 under AMP, as
             upstream. Defaults to True.
+        cuda_graphs (sequence[str]): chains run as CUDA graphs in training (forward
+            and backward, one graph per input shape, see
+            :mod:`mmdet3d_scaling.models.cuda_graphs`): 'img_encoder' (image backbone
+            + neck at the fixed image size). A chain with a checkpointed module
+            (``checkpoint_modules`` or the module's ``with_cp``) runs eagerly, and
+            the start-up line says so. Defaults to () (none).
         init_cfg (dict, optional): init config.
     """
 
@@ -79,6 +89,7 @@ class BEVFusion(Base3DDetector):
                  seg_head: Optional[dict] = None,
                  checkpoint_modules: Sequence[str] = (),
                  view_transform_fp32: bool = True,
+                 cuda_graphs: Sequence[str] = (),
                  **kwargs) -> None:
         data_preprocessor, voxelize_cfg = self._split_voxelize_cfg(data_preprocessor)
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
@@ -108,6 +119,8 @@ class BEVFusion(Base3DDetector):
                              f'{sorted(unknown)} not in {CHECKPOINTABLE}.')
         self.checkpoint_modules = tuple(checkpoint_modules)
         self.view_transform_fp32 = view_transform_fp32
+        self.cuda_graphs = self._graphed_chains(cuda_graphs, img_backbone, img_neck)
+        self._graph_cache = CudaGraphCache()
 
     # ------------------------------------------------------------------ config
 
@@ -144,6 +157,35 @@ class BEVFusion(Base3DDetector):
                              'img_backbone, img_neck and view_transform together, or '
                              'none of them for LiDAR-only.')
 
+    def _graphed_chains(self, names: Sequence[str], *module_cfgs) -> Tuple[str, ...]:
+        """The chains of ``cuda_graphs`` that will run as graphs (said at start)."""
+        names = tuple(names)
+        unknown = set(names) - set(GRAPHABLE)
+        if unknown:
+            raise ValueError(f'cuda_graphs={list(names)}: {sorted(unknown)} not in '
+                             f'{sorted(GRAPHABLE)}.')
+        if not names:
+            return ()
+        kept = []
+        with_cp = any((c or {}).get('with_cp') for c in module_cfgs)
+        for name in names:
+            parts = GRAPHABLE[name]
+            if getattr(self, parts[0]) is None:
+                why = 'the model has no camera branch'
+            elif set(parts) & set(self.checkpoint_modules) or with_cp:
+                why = ('a module of it is checkpointed (checkpoint_modules / with_cp); '
+                       'checkpointing frees activations a graph would keep')
+            else:
+                kept.append(name)
+                continue
+            print_log(f'BEVFusion: cuda_graphs {name!r} runs eagerly: {why}.',
+                      logger='current')
+        if kept:
+            print_log(f'BEVFusion: CUDA graphs in training for {kept} (model.cuda_graphs):'
+                      ' captured at the first training step of each input shape.',
+                      logger='current')
+        return tuple(kept)
+
     def init_weights(self) -> None:
         """As upstream: only the image backbone (pretrained weights) is initialised
         here; every other module keeps the initialisation it was built with."""
@@ -174,8 +216,11 @@ class BEVFusion(Base3DDetector):
                          img_metas: List[dict]) -> Tensor:
         """Camera BEV map from ``imgs`` ``[B, N, C, H, W]``."""
         batch, views = imgs.shape[:2]
-        x = self._run('img_backbone', imgs.flatten(0, 1).contiguous())
-        x = self._run('img_neck', x)
+        x = imgs.flatten(0, 1).contiguous()
+        if 'img_encoder' in self.cuda_graphs and self._graph_cache.applies(x, self.training):
+            x = self._graph_cache.run('img_encoder', (self.img_backbone, self.img_neck), x)
+        else:
+            x = self._run('img_neck', self._run('img_backbone', x))
         if not isinstance(x, Tensor):
             x = x[0]
         x = x.view(batch, views, *x.shape[1:])

@@ -1,0 +1,145 @@
+"""Training forward + backward of a chain of modules as CUDA graphs, one per input shape.
+
+Why: a module of many small kernels (BEVFusion's Swin-T image backbone: ~800 launches
+for 24 images) keeps the H200 waiting on Python and the launch queue; a graph replays
+its forward and its backward with one launch each. This runs torch's
+``make_graphed_callables`` on a chain of modules the first time a training call sees an
+input signature (shape, dtype, autocast state), and replays it afterwards.
+
+What it keeps as it was:
+
+- **parameters and state dict**: the chain holds references to the owner's modules;
+  nothing is registered on the owner, so checkpoints are unchanged;
+- **BatchNorm statistics**: capture runs the chain three times eagerly (autotune,
+  lazy initialisation) and records it once; the buffers are restored afterwards, so
+  the statistics see each real batch once, as without graphs;
+- **gradient accumulation**: a graph writes its parameter gradients into static
+  memory; autograd would keep that memory as ``param.grad`` when ``grad`` is None and
+  the next replay would overwrite it, so the chain's missing gradients are allocated
+  (zero, one flat buffer) before each replay and autograd adds into them.
+
+Not bit for bit: random numbers drawn inside a graph (drop-path) come from the graph's
+own offsets of the generator, so a run with graphs draws other masks than one without
+(the parity tool's seed spread is the measure). Evaluation, ``no_grad`` calls, CPU
+tensors and a process group of several ranks run the modules eagerly.
+"""
+from typing import Dict, Sequence, Tuple
+
+import torch
+from mmengine.logging import print_log
+from torch import Tensor, nn
+
+
+class ModuleChain(nn.Module):
+    """``modules[-1](...modules[0](x))`` with a tuple of tensors out.
+
+    Args:
+        modules (Sequence[nn.Module]): the modules, called in order.
+    """
+
+    def __init__(self, modules: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.parts = nn.ModuleList(modules)
+
+    def forward(self, x: Tensor) -> Tuple[Tensor, ...]:
+        for module in self.parts:
+            x = module(x)
+        return tuple(x) if isinstance(x, (list, tuple)) else (x, )
+
+
+def signature(x: Tensor) -> tuple:
+    """What a captured graph is valid for."""
+    return (tuple(x.shape), x.stride(), x.dtype, x.device,
+            torch.is_autocast_enabled('cuda'), torch.get_autocast_dtype('cuda'))
+
+
+def allocate_missing_grads(params: Sequence[nn.Parameter]) -> None:
+    """Zero gradients (views of one buffer) for trainable parameters without one."""
+    missing = [p for p in params if p.requires_grad and p.grad is None]
+    if not missing:
+        return
+    flat = torch.zeros(sum(p.numel() for p in missing), dtype=missing[0].dtype,
+                       device=missing[0].device)
+    start = 0
+    for p in missing:
+        if p.dtype != flat.dtype:  # mixed parameter dtypes: one buffer each
+            p.grad = torch.zeros_like(p)
+            continue
+        p.grad = flat[start:start + p.numel()].view_as(p)
+        start += p.numel()
+
+
+def capture(chain: ModuleChain, x: Tensor):
+    """``make_graphed_callables`` of ``chain`` for ``x``, buffers restored after."""
+    saved = [b.detach().clone() for b in chain.buffers()]
+    enabled = torch.is_autocast_enabled('cuda')
+    dtype = torch.get_autocast_dtype('cuda')
+    # torch records autocast's casts into the graph and needs its weight cache off
+    with torch.autocast('cuda', dtype=dtype, enabled=enabled, cache_enabled=False):
+        graphed = torch.cuda.make_graphed_callables(
+            chain, (x, ), num_warmup_iters=3, allow_unused_input=True)
+    with torch.no_grad():
+        for buffer, value in zip(chain.buffers(), saved):
+            buffer.copy_(value)
+    return graphed
+
+
+def several_ranks() -> bool:
+    import torch.distributed as dist
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+class CudaGraphCache:
+    """Captured chains of one model, by name and input signature.
+
+    Not an ``nn.Module`` on purpose: the graphs are no state of the model. A deep copy
+    (an EMA model, say) starts empty and captures its own modules.
+
+    Args:
+        max_graphs (int): signatures kept per name; a further one runs eagerly (and
+            says so once). Defaults to 2 (the training shape and a smaller last batch).
+    """
+
+    def __init__(self, max_graphs: int = 2) -> None:
+        self.max_graphs = max_graphs
+        self.graphs: Dict[tuple, nn.Module] = {}
+        self._said: set = set()
+
+    def __deepcopy__(self, memo) -> 'CudaGraphCache':
+        return CudaGraphCache(self.max_graphs)
+
+    def applies(self, x: Tensor, training: bool) -> bool:
+        """Whether a call on ``x`` would use a graph."""
+        return (training and torch.is_grad_enabled() and x.is_cuda
+                and not several_ranks())
+
+    def run(self, name: str, modules: Sequence[nn.Module], x: Tensor) -> Tuple[Tensor, ...]:
+        """The chain's outputs for ``x``, from its graph (captured on first sight)."""
+        key = (name, signature(x))
+        chain = self.graphs.get(key)
+        if chain is None:
+            if sum(k[0] == name for k in self.graphs) >= self.max_graphs:
+                self._say(name, f'CUDA graphs: {name} input {tuple(x.shape)} is a new '
+                          f'shape beyond max_graphs={self.max_graphs}; it runs eagerly.')
+                return ModuleChain(modules)(x)
+            chain = self._capture(name, modules, x)
+        allocate_missing_grads(list(chain.parameters()))
+        return chain(x)
+
+    def _capture(self, name: str, modules: Sequence[nn.Module], x: Tensor) -> nn.Module:
+        before = torch.cuda.memory_reserved(x.device)
+        chain = capture(ModuleChain(modules), x)
+        grown = (torch.cuda.memory_reserved(x.device) - before) / 2**30
+        print_log(f'CUDA graphs: captured {name} (forward + backward) for input '
+                  f'{tuple(x.shape)} {str(x.dtype).replace("torch.", "")}; reserved '
+                  f'memory +{grown:.2f} GiB.', logger='current')
+        self.graphs[(name, signature(x))] = chain
+        return chain
+
+    def _say(self, name: str, message: str) -> None:
+        if name not in self._said:
+            self._said.add(name)
+            print_log(message, logger='current')
+
+
+__all__ = ['CudaGraphCache', 'ModuleChain', 'allocate_missing_grads']

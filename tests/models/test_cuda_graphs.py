@@ -1,0 +1,133 @@
+"""CUDA graphs of a module chain (models/cuda_graphs.py) and BEVFusion's
+``cuda_graphs`` option: configuration on any machine; on CUDA, a graphed Swin-T
+image encoder gives the eager outputs, gradients (accumulated over micro-batches) and
+BatchNorm statistics."""
+import copy
+import logging
+
+import pytest
+import torch
+
+from mmengine.logging import MMLogger
+from mmdet3d.registry import MODELS
+
+from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache, ModuleChain
+
+from .bevfusion.common import build, tiny_model_cfg
+
+
+def _camera_cfg(**kwargs):
+    cfg = tiny_model_cfg()
+    cfg.update(
+        img_backbone=dict(type='mmdet.SwinTransformer', embed_dims=24, depths=[1, 1, 2, 1],
+                          num_heads=[1, 2, 3, 3], window_size=7, out_indices=[1, 2, 3],
+                          drop_path_rate=0.0, with_cp=False, convert_weights=False),
+        img_neck=dict(type='GeneralizedLSSFPN', in_channels=[48, 96, 192],
+                      out_channels=32, start_level=0, num_outs=3,
+                      norm_cfg=dict(type='BN2d', requires_grad=True),
+                      act_cfg=dict(type='ReLU', inplace=True),
+                      upsample_cfg=dict(mode='bilinear', align_corners=False)),
+        view_transform=dict(type='LSSTransform', in_channels=32, out_channels=16,
+                            image_size=[64, 176], feature_size=[8, 22],
+                            xbound=[-12.8, 12.8, 0.8], ybound=[-12.8, 12.8, 0.8],
+                            zbound=[-10.0, 10.0, 20.0], dbound=[1.0, 30.0, 2.0],
+                            downsample=1))
+    cfg.update(kwargs)
+    return cfg
+
+
+def test_unknown_chain_is_an_error():
+    with pytest.raises(ValueError, match="'img_head'.*not in"):
+        build(_camera_cfg(cuda_graphs=['img_head']))
+
+
+@pytest.mark.parametrize('change,why', [
+    (dict(checkpoint_modules=['img_backbone']), 'checkpointed'),
+    (dict(), 'no camera branch'),
+])
+def test_a_chain_that_cannot_be_graphed_runs_eagerly_and_says_why(change, why):
+    cfg = _camera_cfg(cuda_graphs=['img_encoder'], **change) if change else \
+        dict(tiny_model_cfg(), cuda_graphs=['img_encoder'])
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        model = build(cfg)
+    finally:
+        logger.removeHandler(handler)
+    assert model.cuda_graphs == ()
+    assert any(why in line and 'runs eagerly' in line for line in lines), lines
+
+
+def test_cpu_calls_run_eagerly():
+    cache = CudaGraphCache()
+    assert not cache.applies(torch.zeros(2), training=True)
+
+
+def test_deep_copy_starts_empty():
+    cache = CudaGraphCache(max_graphs=3)
+    cache.graphs[('x', ())] = torch.nn.Identity()
+    clone = copy.deepcopy(cache)
+    assert clone.graphs == {} and clone.max_graphs == 3
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+
+
+def _encoder(seed=0):
+    cfg = _camera_cfg()
+    torch.manual_seed(seed)
+    backbone = MODELS.build(cfg['img_backbone']).cuda().train()
+    neck = MODELS.build(cfg['img_neck']).cuda().train()
+    return backbone, neck
+
+
+@pytest.mark.cuda
+@cuda
+@pytest.mark.parametrize('amp', [None, torch.bfloat16])
+def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp):
+    eager = _encoder()
+    graphed = copy.deepcopy(eager)
+    cache = CudaGraphCache()
+    torch.manual_seed(1)
+    batches = [torch.randn(6, 3, 64, 176, device='cuda') for _ in range(3)]
+
+    def step(modules, use_graph):
+        outs = []
+        for x in batches:  # three micro-batches accumulate into .grad
+            with torch.autocast('cuda', dtype=amp or torch.float32, enabled=amp is not None):
+                y = cache.run('enc', modules, x) if use_graph else ModuleChain(modules)(x)
+                loss = sum((o.float() ** 2).mean() for o in y)
+            loss.backward()
+            outs.append([o.detach().clone() for o in y])
+        return outs
+
+    ref, ours = step(eager, False), step(graphed, True)
+    tol = dict(rtol=1e-5, atol=1e-6) if amp is None else dict(rtol=2e-2, atol=2e-3)
+    for a, b in zip(ref, ours):
+        for x, y in zip(a, b):
+            torch.testing.assert_close(y, x, **tol)
+    for (name, p), q in zip(torch.nn.ModuleList(eager).named_parameters(),
+                            torch.nn.ModuleList(graphed).parameters()):
+        if p.grad is None:
+            assert q.grad is None or not q.grad.any(), name
+            continue
+        torch.testing.assert_close(q.grad, p.grad, **tol, msg=name)
+    for (name, a), b in zip(torch.nn.ModuleList(eager).named_buffers(),
+                            torch.nn.ModuleList(graphed).buffers()):
+        torch.testing.assert_close(b, a, **tol, msg=name)  # each batch counted once
+    assert len(cache.graphs) == 1
+
+
+@pytest.mark.cuda
+@cuda
+def test_new_shapes_beyond_the_limit_run_eagerly():
+    modules = _encoder()
+    cache = CudaGraphCache(max_graphs=1)
+    for n in (2, 3):
+        x = torch.randn(n, 3, 64, 176, device='cuda')
+        out = cache.run('enc', modules, x)
+        sum(o.sum() for o in out).backward()
+    assert len(cache.graphs) == 1
