@@ -11,6 +11,8 @@
 # .upstream/mmdetection3d-v1.4.0, a copy of ../shared/reference/...); its CUDA extension
 # is built for this GPU's architecture in a copy under work_dirs/.
 #
+# SIDES (bevfusion, pv_rcnn, second): the sparse-conv backends to run, default "mmcv spconv";
+# PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 set -uo pipefail
@@ -76,11 +78,12 @@ for stage in "$@"; do
   profile)  # stage tables (GPU busy, idle ms, launches, waits) of ours with spconv
     nuscenes; kitti
     STEP="python tools/analysis/benchmark_train_step.py"
-    PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
+    [[ " ${PROFILE_MODELS:-bevfusion pv_rcnn} " == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
       --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 8 --profile 2 \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
       --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
     grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160
+    [[ " ${PROFILE_MODELS:-bevfusion pv_rcnn} " == *" pv_rcnn "* ]] || continue
     PYTHONPATH=$SP $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 \
       --workers 6 --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_spconv_profile.json" \
       > "$OUT/pv_rcnn_b8_spconv_profile.log" 2>&1
@@ -106,7 +109,7 @@ for stage in "$@"; do
     nuscenes
     TF32="float32_matmul_precision=high"
     UPTF32="env_cfg.cudnn_benchmark=False"  # upstream's own default
-    for side in mmcv spconv; do
+    for side in ${SIDES:-mmcv spconv}; do
       pp=$NOSP; [ $side = spconv ] && pp=$SP
       run "upstream_amp_$side" "$UP:$pp" --train "$STOCK_TRAIN" --cwd "$UP" \
         --config "$UP_BEVFUSION" --batch 4 --amp --cfg-options $NO_HUB
@@ -125,7 +128,7 @@ for stage in "$@"; do
       stock=$STOCK_CFG/second/second_hv_secfpn_8xb6-80e_kitti-3d-3class.py
       ours=configs/second/second_synthetic_kitti.py; batch=6
     fi
-    for side in mmcv spconv; do
+    for side in ${SIDES:-mmcv spconv}; do
       pp=$NOSP; [ $side = spconv ] && pp=$SP
       for t in 1 16; do
         run "stock_${stage}_${side}_t$t" "$pp" --train "$STOCK_TRAIN" --config "$stock" \

@@ -269,12 +269,16 @@ class BEVFusion(Base3DDetector):
         imgs = batch_inputs_dict.get('imgs', None)
         features = []
         if imgs is not None and self.img_backbone is not None:
-            imgs = imgs.contiguous()
             points = [p.clone() for p in batch_inputs_dict['points']]
+        # The LiDAR branch first: its host reads (voxel counts, sparse-conv indices)
+        # then find a short GPU queue instead of waiting for the camera branch.
+        pts_feat = self.extract_pts_feat(batch_inputs_dict)
+        if imgs is not None and self.img_backbone is not None:
+            imgs = imgs.contiguous()
             features.append(self.extract_img_feat(
                 imgs, points, *self._camera_inputs(imgs, batch_input_metas),
                 batch_input_metas))
-        features.append(self.extract_pts_feat(batch_inputs_dict))
+        features.append(pts_feat)  # the fuser's order: [camera, LiDAR]
         if self.fusion_layer is not None:
             x = self.fusion_layer(features)
         else:
