@@ -87,7 +87,10 @@ def _encoder(seed=0):
 @pytest.mark.cuda
 @cuda
 @pytest.mark.parametrize('amp', [None, torch.bfloat16])
-def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp):
+def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp, monkeypatch):
+    # one convolution algorithm and full fp32 on both sides
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
+    monkeypatch.setattr(torch.backends.cudnn, 'deterministic', True)
     eager = _encoder()
     graphed = copy.deepcopy(eager)
     cache = CudaGraphCache()
@@ -105,7 +108,7 @@ def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp):
         return outs
 
     ref, ours = step(eager, False), step(graphed, True)
-    tol = dict(rtol=1e-5, atol=1e-6) if amp is None else dict(rtol=2e-2, atol=2e-3)
+    tol = dict(rtol=1e-4, atol=1e-5) if amp is None else dict(rtol=2e-2, atol=2e-3)
     for a, b in zip(ref, ours):
         for x, y in zip(a, b):
             torch.testing.assert_close(y, x, **tol)

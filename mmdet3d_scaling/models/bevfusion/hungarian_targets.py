@@ -80,6 +80,14 @@ def to_host(parts: Sequence[Tensor]) -> List[np.ndarray]:
     return out
 
 
+def to_device(host: Tensor, device: torch.device) -> Tensor:
+    """A host tensor on ``device`` without waiting: pinned, then a non-blocking copy
+    (a copy from pageable memory waits for the GPU's queue)."""
+    if device.type != 'cuda':
+        return host
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class HostMatches(NamedTuple):
     """Where the matches put targets, as flat indices of the ``[B, L*P]`` targets."""
     pos: np.ndarray  # positive proposals, sample-major, ascending within a sample
@@ -126,10 +134,8 @@ def scatter_targets(head, dev: MatchCosts, matches: HostMatches,
     from the host's match indices (one host-to-device copy)."""
     boxes = dev.boxes[0]
     device, total = boxes.device, head.layer_slices()[-1].stop
-    index = torch.from_numpy(np.concatenate([matches.pos, matches.gt, matches.iou]))
-    if device.type == 'cuda':
-        index = index.pin_memory()
-    index = index.to(device, non_blocking=True)
+    index = to_device(torch.from_numpy(
+        np.concatenate([matches.pos, matches.gt, matches.iou])), device)
     n = len(matches.pos)
     pos, gt, iou_at = index[:n], index[n:2 * n], index[2 * n:]
 
@@ -158,8 +164,8 @@ def scatter_targets(head, dev: MatchCosts, matches: HostMatches,
 def mean_matched_iou(ious: Tensor, num_pos: Sequence[int]) -> Tensor:
     """Mean over samples of each sample's mean IoU of its matches (a device tensor)."""
     sums = ious.sum(dim=1)  # unmatched proposals hold 0
-    counts = ious.new_tensor([max(n, 1) for n in num_pos])
-    return (sums / counts).mean()
+    counts = torch.tensor([max(n, 1) for n in num_pos], dtype=ious.dtype)
+    return (sums / to_device(counts, ious.device)).mean()
 
 
 def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -> Tuple:
@@ -178,9 +184,7 @@ def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -
                     head.num_proposals)
     device = dev.boxes[0].device
     heatmap, peaks = draw_heatmaps(head, heat_host, cuda=device.type == 'cuda')
-    if device.type == 'cuda':
-        heatmap = heatmap.pin_memory()
-    heatmap = heatmap.to(device, non_blocking=True)
+    heatmap = to_device(heatmap, device)
     targets = scatter_targets(head, dev, matches, len(gts))
     return (*targets, sum(matches.num_pos), mean_matched_iou(targets[4], matches.num_pos),
             heatmap, peaks)

@@ -144,6 +144,7 @@ class TransFusionHead(nn.Module):
 
         self.init_weights()
         self._init_assigner_sampler()
+        self._code_weights: Dict[tuple, Tensor] = {}
         x_size = test_cfg['grid_size'][0] // test_cfg['out_size_factor']
         y_size = test_cfg['grid_size'][1] // test_cfg['out_size_factor']
         # Cell centres of the BEV map in feature-map units, x-major like the map.
@@ -482,7 +483,10 @@ class TransFusionHead(nn.Module):
             clip_sigmoid(preds['dense_heatmap']).float(), heatmap.float(),
             avg_factor=max(peaks, 1))
 
-        code_weights = bbox_weights.new_tensor(self.train_cfg['code_weights'])
+        key = (bbox_weights.device, bbox_weights.dtype)
+        if key not in self._code_weights:  # once: a new tensor from a list waits
+            self._code_weights[key] = bbox_weights.new_tensor(self.train_cfg['code_weights'])
+        code_weights = self._code_weights[key]
         reg_keys = ['center', 'height', 'dim', 'rot'] + (['vel'] if 'vel' in preds else [])
         num_layers = self._num_layers_supervised
         for layer in range(num_layers):

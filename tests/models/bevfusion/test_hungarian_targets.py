@@ -103,3 +103,16 @@ def test_cuda_syncs_of_the_batch_path():
         with SyncSiteRecorder() as rec:
             batch_targets(head, copy.deepcopy(gts), preds)
     assert sum(rec.counts.values()) <= 1, rec.counts
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_lidar_iou_equals_mmdet3d_overlaps(device):
+    from mmdet3d.structures.ops import BboxOverlaps3D
+    from mmdet3d_scaling.models.bevfusion.assigners import lidar_iou_3d
+    g = torch.Generator().manual_seed(0)
+    boxes = torch.cat([torch.rand(40, 3, generator=g) * 6, torch.rand(40, 3, generator=g) * 3
+                       + 0.2, torch.rand(40, 1, generator=g) * 6, torch.zeros(40, 2)], 1)
+    a, b = boxes[:30].to(device), boxes[25:].to(device)
+    ours, reference = lidar_iou_3d(a, b), BboxOverlaps3D(coordinate='lidar')(a, b)
+    assert ours.dtype == reference.dtype and torch.equal(ours, reference)
+    assert (ours > 0).any()
