@@ -44,7 +44,7 @@ from mmengine.hooks import Hook  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 
 from mmdet3d_scaling.engine.optim_state import accumulation  # noqa: E402
-from mmdet3d_scaling.hooks.fastest_fit_hook import FastestFitHook  # noqa: E402
+from mmdet3d_scaling.batch_size.fastest_fit_hook import FastestFitHook  # noqa: E402
 
 CONFIG = 'benchmarks/configs/bevfusion_1gpu_smoke.py'
 DATA = 'data/nuscenes'

@@ -407,12 +407,18 @@ def _check_scaling_keys(scaling: dict) -> None:
             "the accumulation), 'per_forward' keeps it per forward pass.")
 
 
+def base_batch_size(cfg: Config) -> Optional[int]:
+    """The total batch the config's LR was tuned for: ``scaling.base_batch_size``, else
+    ``auto_scale_lr.base_batch_size``; None: the total batch (LR unchanged)."""
+    auto = cfg.get('auto_scale_lr') or {}
+    return (cfg.get('scaling') or {}).get('base_batch_size', auto.get('base_batch_size'))
+
+
 def plan_from_config(cfg: Config, world_size: int) -> ScalingPlan:
     """The plan ``cfg.scaling`` asks for on ``world_size`` GPUs."""
     scaling = dict(cfg.scaling)
     _check_scaling_keys(scaling)
-    auto = cfg.get('auto_scale_lr') or {}
-    base = scaling.get('base_batch_size', auto.get('base_batch_size'))
+    base = base_batch_size(cfg)
     cap = scaling.get('max_per_gpu_batch_size')
     if cap is None and scaling.get('per_gpu_batch_size') is None:
         cap = _original_value(cfg, ('train_dataloader', 'batch_size'))
