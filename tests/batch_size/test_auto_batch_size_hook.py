@@ -28,7 +28,7 @@ def _run(cfg: Config, **hook_args):
     without them, as the config asks for it."""
     if hook_args:
         cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
-            dict(type='AutoBatchSizeHook', steps_per_trial=1, **hook_args)]
+            dict(dict(type='AutoBatchSizeHook', steps_per_trial=1), **hook_args)]
     return train(cfg, AutoBatchSizeHook)
 
 
