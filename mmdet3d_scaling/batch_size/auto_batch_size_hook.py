@@ -9,7 +9,7 @@ from mmengine import dist
 
 from mmdet3d.registry import HOOKS
 
-from ..config.scaling_recipe import ScalingPlan, make_plan
+from ..config.scaling_plan import ScalingPlan, make_plan
 from ..engine.optim_state import accumulation as optim_accumulation
 from ..registry import register
 from .memory_probe import MemoryProbe

@@ -19,7 +19,7 @@ from mmengine import dist
 from mmengine.hooks import Hook
 from mmengine.logging import print_log
 
-from ..config.scaling_recipe import ScalingPlan, make_plan
+from ..config.scaling_plan import ScalingPlan, make_plan
 from ..engine.optim_state import optim_wrappers
 from ..engine.runner import require_scaling_runner
 from ..utils.model import unwrap_model
