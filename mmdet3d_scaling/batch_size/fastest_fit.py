@@ -13,7 +13,7 @@ on the built model by :class:`~.checkpoint_switch.CheckpointSwitch`.
 """
 import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
@@ -24,7 +24,7 @@ from torch import nn
 
 from .checkpoint_switch import CheckpointSwitch
 from .memory_probe import CudaMemoryProbe, MemoryProbe
-from .trial import TrialSearch, format_bytes
+from .trial import ResultRecord, TrialSearch, format_bytes
 
 
 # ---------------------------------------------------------------- variants, results
@@ -67,7 +67,7 @@ class FitTrial:
 
 
 @dataclass
-class FitResult:
+class FitResult(ResultRecord):
     """The chosen variant, its figures on this rank, and every trial.
 
     ``samples_per_s`` is the speed the choice was made on (the slowest rank's);
@@ -86,19 +86,11 @@ class FitResult:
     seconds: float
     trials: List[FitTrial] = field(default_factory=list)
     from_cache: bool = False
+    trial_type = FitTrial  # a class attribute, not a field: what the trials are
 
     @property
     def variant(self) -> Variant:
         return Variant(self.batch_size, self.checkpointing)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> 'FitResult':
-        data = dict(data)
-        data['trials'] = [FitTrial(**t) for t in data.get('trials', [])]
-        return cls(**data)
 
 
 def choose(speeds: Sequence[Optional[float]], min_gain: float = 0.0) -> Optional[int]:

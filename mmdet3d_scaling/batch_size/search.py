@@ -13,7 +13,7 @@ bisection's length is known) under :mod:`mmdet3d_scaling.utils.progress`'s polic
 import contextlib
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, List, Optional
 
 from mmengine import dist
@@ -23,7 +23,7 @@ from torch import nn
 
 from ..utils import progress
 from .memory_probe import MemoryProbe
-from .trial import TrialSearch, agree_min, format_bytes
+from .trial import ResultRecord, TrialSearch, agree_min, format_bytes
 
 
 # ----------------------------------------------------------------------------- results
@@ -38,7 +38,7 @@ class Trial:
 
 
 @dataclass
-class SearchResult:
+class SearchResult(ResultRecord):
     """Outcome of a search (this rank's, or agreed across ranks in ``batch_size``).
 
     ``batch_size`` is what to train with; ``local_batch_size`` is this rank's own
@@ -55,15 +55,7 @@ class SearchResult:
     seconds: float
     trials: List[Trial] = field(default_factory=list)
     from_cache: bool = False
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> 'SearchResult':
-        data = dict(data)
-        data['trials'] = [Trial(**t) for t in data.get('trials', [])]
-        return cls(**data)
+    trial_type = Trial  # a class attribute, not a field: what the trials are
 
 
 # ------------------------------------------------------------------------ the search

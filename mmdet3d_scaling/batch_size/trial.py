@@ -18,6 +18,7 @@ import copy
 import gc
 import random
 from collections import OrderedDict
+from dataclasses import asdict
 from typing import Any, Callable, Iterator, Optional, TypeVar
 
 import numpy as np
@@ -59,6 +60,21 @@ def agree_min(value: int) -> int:
     tensor = torch.tensor([int(value)], dtype=torch.int64)
     dist.all_reduce(tensor, op='min')
     return int(tensor.item())
+
+
+class ResultRecord:
+    """JSON form of a search's result dataclass (the cache's entries): its fields, the
+    trials as ``trial_type`` records."""
+    trial_type: type  # set by each result class
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict):
+        data = dict(data)
+        data['trials'] = [cls.trial_type(**t) for t in data.get('trials', [])]
+        return cls(**data)
 
 
 # ------------------------------------------------------------------- state snapshots
