@@ -1,6 +1,5 @@
-"""BEVFusion LiDAR-camera on one GPU under a memory cap: the fastest arrangement that
-fits (``configs/bevfusion_1gpu.py``: ``scaling.memory_budget``) vs the former fixed
-recipe (batch 2 x accumulation 16, gradient checkpointing on).
+"""BEVFusion LiDAR-camera on one GPU under a memory cap: the fastest fit
+(``configs/bevfusion_1gpu.py``: ``scaling.memory_budget``) vs the former fixed recipe (batch 2 x accumulation 16, gradient checkpointing on).
 
 Both train ``benchmarks/configs/bevfusion_1gpu_smoke.py`` (official sizes, synthetic
 nuScenes, AMP ``dtype='auto'``) from scratch, one after the other in one process, with
@@ -8,7 +7,7 @@ the GPU capped at ``--cap-gib`` (``torch.cuda.set_per_process_memory_fraction``)
 the same number of optimizer steps (effective batch 32). Per run:
 
 - ``samples_per_s``: training samples / wall second after ``--warmup-samples``
-  (CUDA-synchronised at both ends; the arrangement search, before the first step, is
+  (CUDA-synchronised at both ends; the fastest fit's search, before the first step, is
   not in it and is reported as ``search_s``);
 - ``peak_allocated_gib`` / ``peak_reserved_gib``: ``torch.cuda.max_memory_allocated`` /
   ``max_memory_reserved`` after warm-up (the peaks are reset once the warm-up samples
@@ -44,7 +43,7 @@ from mmengine.hooks import Hook  # noqa: E402
 from mmengine.registry import RUNNERS  # noqa: E402
 
 from mmdet3d_scaling.engine.optim_state import accumulation  # noqa: E402
-from mmdet3d_scaling.hooks.fastest_fit_hook import FastestFitHook  # noqa: E402
+from mmdet3d_scaling.batch_size.fastest_fit_hook import FastestFitHook  # noqa: E402
 
 CONFIG = 'benchmarks/configs/bevfusion_1gpu_smoke.py'
 DATA = 'data/nuscenes'

@@ -126,7 +126,7 @@ def _history(runner: Runner, key: str) -> List[float]:
 def build_config(precision: str, iters: int, work_dir: str) -> Config:
     cfg = Config.fromfile(CONFIG)
     # the fixed recipe these figures are of: batch 2 x 16, checkpointing on (no search
-    # for the fastest arrangement, benchmarks/bevfusion_1gpu_fit.py measures that)
+    # for the fastest fit, benchmarks/bevfusion_1gpu_fit.py measures that)
     cfg.scaling.memory_budget = None
     cfg.scaling.per_gpu_batch_size = 2
     cfg.pop('amp', None)

@@ -19,7 +19,7 @@ _patching.warn_outside_range()  # a fix written for other versions: said, not ap
 
 from . import config, engine  # noqa: E402,F401  (config before engine.runner)
 from .engine import runner as _runner  # noqa: E402,F401  (registers ScalingRunner)
-from . import datasets, hooks, models  # noqa: E402,F401
+from . import batch_size, datasets, hooks, models  # noqa: E402,F401
 from .parallel import ScalingDistributedDataParallel  # noqa: E402,F401
 from .engine.runner import ScalingRunner  # noqa: E402
 

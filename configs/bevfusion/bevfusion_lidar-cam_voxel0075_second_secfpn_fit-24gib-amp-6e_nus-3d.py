@@ -1,14 +1,14 @@
 # BEVFusion LiDAR + camera on ONE 24 GB GPU with the official recipe's hyper-parameters
 # (effective batch 32, lr 2e-4, 6 epochs, AMP `dtype='auto'`: bf16 where the GPU has it,
 # else fp16 from loss scale 2**3; lean BEV pooling), the per-GPU batch and gradient
-# checkpointing chosen at start: the fastest arrangement that trains in 24 GiB.
+# checkpointing chosen at start: the fastest fit in 24 GiB.
 # Its short, documented name is configs/bevfusion_1gpu.py (an alias of this file):
 #
 #   python tools/train.py configs/bevfusion_1gpu.py \
 #       --cfg-options load_from=work_dirs/<lidar-only run>/epoch_20.pth
 #
 # `scaling.memory_budget='24GiB'` adds FastestFitHook (docs/auto_batch_size.md,
-# "Fastest arrangement in a memory budget"). Before training it tries, in this order,
+# "The fastest fit in a memory budget"). Before training it tries, in this order,
 # batch 4 without checkpointing, batch 4 with the checkpointing below, then batches 2
 # and 1 likewise: each trains 2 + 3 real steps on the largest samples with the GPU
 # limited to 90 % of 24 GiB, the ones that fit are timed, and the fastest (samples/s)
@@ -25,5 +25,5 @@ _base_ = ['./bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3
 
 scaling = dict(per_gpu_batch_size=None, memory_budget='24GiB')
 train_dataloader = dict(batch_size=4)  # the largest per-GPU batch tried
-# the checkpointing that arrangements "with checkpointing" use (from the base file):
+# the checkpointing that variants "with checkpointing" use (from the base file):
 # Swin-T blocks, image neck levels, depth-net + pooling (view_transform.with_cp)

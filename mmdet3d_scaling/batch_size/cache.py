@@ -1,15 +1,20 @@
-"""A cache of batch size search results, so a resumed run does not search again.
+"""A cache of search results (both searches), so a resumed run does not search again.
 
-Results live in one JSON file in the work dir, keyed by a hash of what decides memory
-use (:func:`cache_key`); :func:`lookup_agreed` reuses an entry only when every rank has it.
+Results live in one JSON file in the work dir, keyed by a hash of what decides the
+result (:func:`cache_key`; the two searches' keys differ); :func:`lookup_agreed` reuses
+an entry only when every rank has it.
 """
 import hashlib
 import json
 import os
 import os.path as osp
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Type, TypeVar, Union
 
-from .search import SearchResult, agree_min
+from .fastest_fit import FitResult
+from .search import SearchResult
+from .trial import agree_min
+
+Result = TypeVar('Result', SearchResult, FitResult)
 
 
 def cache_key(parts: Dict[str, Any]) -> str:
@@ -19,14 +24,18 @@ def cache_key(parts: Dict[str, Any]) -> str:
 
 
 class ResultCache:
-    """Search results in one JSON file, keyed by :func:`cache_key`.
+    """Search results of one kind in one JSON file, keyed by :func:`cache_key`.
 
     Args:
         path: the JSON file (in the work dir, so a resumed run finds it).
+        result_type: the kind of entries read back: :class:`~.search.SearchResult`
+            (the auto batch size) or :class:`~.fastest_fit.FitResult` (the fastest
+            fit). Defaults to :class:`~.search.SearchResult`.
     """
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, result_type: Type[Result] = SearchResult):
         self.path = path
+        self.result_type = result_type
 
     def _read(self) -> dict:
         if not osp.isfile(self.path):
@@ -35,14 +44,14 @@ class ResultCache:
             try:
                 return json.load(f)
             except json.JSONDecodeError as exc:
-                raise ValueError(f'auto batch size cache {self.path} is not valid JSON '
+                raise ValueError(f'batch size search cache {self.path} is not valid JSON '
                                  f'({exc}); delete it to search again.') from exc
 
-    def get(self, key: str) -> Optional[SearchResult]:
+    def get(self, key: str) -> Optional[Result]:
         entry = self._read().get(key)
-        return None if entry is None else SearchResult.from_dict(entry)
+        return None if entry is None else self.result_type.from_dict(entry)
 
-    def put(self, key: str, result: SearchResult) -> None:
+    def put(self, key: str, result: Union[SearchResult, FitResult]) -> None:
         entries = self._read()
         entries[key] = result.to_dict()
         os.makedirs(osp.dirname(osp.abspath(self.path)), exist_ok=True)
@@ -52,7 +61,7 @@ class ResultCache:
         os.replace(tmp, self.path)
 
 
-def lookup_agreed(cache: ResultCache, key: str) -> Optional[SearchResult]:
+def lookup_agreed(cache: ResultCache, key: str) -> Optional[Result]:
     """The cached result if every rank has it (the minimum batch among them), else None.
 
     All ranks must call this together; a rank without the entry makes everyone search.

@@ -241,3 +241,40 @@ class ModeledMemoryProbe:
     def detach(self) -> None:
         """Remove the forward hook from the model."""
         self._handle.remove()
+
+
+class ModeledCheckpointingProbe(ModeledMemoryProbe):
+    """:class:`ModeledMemoryProbe` whose per-sample bytes depend on the gradient
+    checkpointing in force (CPU runs and tests of the fastest fit).
+
+    Args:
+        switch_model: the module whose ``with_cp`` flags / ``checkpoint_modules`` say
+            whether checkpointing is on; defaults to ``model``.
+        checkpointed_bytes_per_sample: bytes per sample while any is on. Defaults to
+            ``bytes_per_sample`` (checkpointing saves nothing).
+        **kwargs: :class:`ModeledMemoryProbe`'s arguments.
+    """
+
+    def __init__(self, model: nn.Module,
+                 checkpointed_bytes_per_sample: Optional[float] = None,
+                 switch_model: Optional[nn.Module] = None, **kwargs):
+        super().__init__(model, **kwargs)
+        self.plain_bytes_per_sample = self.bytes_per_sample
+        self.checkpointed_bytes_per_sample = (
+            self.bytes_per_sample if checkpointed_bytes_per_sample is None
+            else float(checkpointed_bytes_per_sample))
+        self.switch_model = switch_model or model
+
+    def _checkpointing_on(self) -> bool:
+        for m in self.switch_model.modules():
+            if getattr(m, 'with_cp', False) is True or \
+                    len(getattr(m, 'checkpoint_modules', ()) or ()) > 0:
+                return True
+        return False
+
+    def _count(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self.bytes_per_sample = (self.checkpointed_bytes_per_sample
+                                 if self._checkpointing_on()
+                                 else self.plain_bytes_per_sample)
+        super()._count(module, args, kwargs)
+

@@ -6,14 +6,16 @@
 | scaling_recipe    | ``scaling`` (total batch -> per-GPU batch x accumulation, LR)  |
 | distributed       | ``distributed`` (DDP wrapper options, SyncBN, timeout)        |
 | devices           | none: gloo and CPU-style DDP where there is no CUDA           |
-| auto_batch_size   | ``auto_batch_size``, ``scaling.per_gpu_batch_size='auto'``     |
-| fastest_fit       | ``scaling.memory_budget`` (fastest arrangement that fits)   |
 | matmul_precision  | ``float32_matmul_precision``                                |
 | preflight         | ``preflight``: the data paths a command will read            |
 | validators        | shared checks (positive ints, conflicting settings)         |
 
-:func:`prepare_config` applies them in order; ``ScalingRunner`` calls it once.
+:func:`prepare_config` applies them in order; ``ScalingRunner`` calls it once. The keys
+of the batch size search (``auto_batch_size``, ``scaling.per_gpu_batch_size='auto'``,
+``scaling.memory_budget``) are read by its own step, in
+:mod:`mmdet3d_scaling.batch_size.config_step`, which registers itself here
+(:func:`register_batch_step`).
 """
-from .preparation import PLUGIN_KEYS, plugin_keys, prepare_config
+from .preparation import PLUGIN_KEYS, plugin_keys, prepare_config, register_batch_step
 
-__all__ = ['PLUGIN_KEYS', 'plugin_keys', 'prepare_config']
+__all__ = ['PLUGIN_KEYS', 'plugin_keys', 'prepare_config', 'register_batch_step']

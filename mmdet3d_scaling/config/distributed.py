@@ -43,6 +43,7 @@ from mmengine.logging import print_log
 from ..parallel.cpu_affinity import MODES as CPU_AFFINITY_MODES
 from ..parallel.ddp_wrapper import COMM_COMPRESSIONS
 from ..parallel.sync_bn import IMPLEMENTATIONS, check_scope_format
+from ..utils.registry_scope import type_name
 from .validators import merge, positive_number
 
 WRAPPER = 'ScalingDistributedDataParallel'
@@ -143,7 +144,8 @@ def _wrapper_cfg(cfg: Config, options: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _configure_hang_doctor(cfg: Config, options: Dict[str, Any]) -> None:
-    """``HangDoctorHook`` in ``custom_hooks`` (unless there already), timeout checked.
+    """``HangDoctorHook`` in ``custom_hooks`` (unless there already), timeout checked;
+    the hook gets the collective timeout as an argument (one configured by hand too).
 
     Without ``hang_timeout_s`` the doctor waits 300 s, or half the collective timeout
     where that is shorter; a value given that is not below it is an error.
@@ -165,9 +167,13 @@ def _configure_hang_doctor(cfg: Config, options: Dict[str, Any]) -> None:
         if collective is not None and seconds >= collective:
             seconds = collective / 2
     hooks = list(cfg.get('custom_hooks') or [])
-    if any(str(h.get('type', '')).split('.')[-1] == HANG_DOCTOR for h in hooks):
-        return  # configured by hand
-    hooks.append(dict(type=HANG_DOCTOR, timeout_s=seconds))
+    by_hand = [h for h in hooks if isinstance(h, dict)
+               and type_name(h.get('type')) == HANG_DOCTOR]
+    for hook in by_hand:  # its own timeouts stay; the collective one is this config's
+        hook['collective_timeout_s'] = collective
+    if not by_hand:
+        hooks.append(dict(type=HANG_DOCTOR, timeout_s=seconds,
+                          collective_timeout_s=collective))
     cfg.custom_hooks = hooks  # the run turns torch's flight recorder on (run_settings)
 
 

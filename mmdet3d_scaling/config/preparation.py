@@ -9,16 +9,14 @@ restored after each (``engine/run_settings.py``).
 The data preflight is not a step here either: it runs when the runner knows which
 loaders a command uses (:mod:`mmdet3d_scaling.config.preflight`).
 """
-from typing import List
+from typing import Callable, List
 
 from mmengine.config import Config
 
 from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
 from ..utils.registry_scope import strip_scope
-from .auto_batch_size import configure_auto_batch_size
 from .devices import configure_devices
 from .distributed import configure_distributed
-from .fastest_fit import configure_fastest_fit
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import check_matmul_precision
 from .scaling_recipe import accumulation_in_force, apply_scaling_recipe, planned
@@ -29,6 +27,20 @@ PLUGIN_KEYS = ('scaling', 'optimizer_config', 'fp16', 'amp', 'distributed',
                'auto_batch_size', 'patches', 'trusted_checkpoints',
                'float32_matmul_precision', 'preflight', 'resume_strict')
 _OUR_WRAPPER = 'ScalingDistributedDataParallel'
+
+Step = Callable[[Config], Config]
+#: steps that may leave the per-GPU batch to a hook, from feature packages above this
+#: layer (``mmdet3d_scaling.batch_size`` registers its step when imported, which
+#: ``import mmdet3d_scaling`` does); they run before the scaling recipe, which expects a
+#: number or None in ``scaling.per_gpu_batch_size``
+BATCH_STEPS: List[Step] = []
+
+
+def register_batch_step(step: Step) -> Step:
+    """Add ``step`` to :data:`BATCH_STEPS` (once) and return it."""
+    if step not in BATCH_STEPS:
+        BATCH_STEPS.append(step)
+    return step
 
 
 def _our_types(entries) -> List[str]:
@@ -72,8 +84,8 @@ def prepare_config(cfg: Config) -> Config:
     trusted_checkpoint_paths(cfg)
     configure_devices(cfg)
     check_matmul_precision(cfg)
-    configure_fastest_fit(cfg)  # scaling.memory_budget; refuses auto batch size too
-    configure_auto_batch_size(cfg)  # before the recipe: turns 'auto' into the hook
+    for step in BATCH_STEPS:  # the batch size search: 'auto' / memory_budget -> hook
+        step(cfg)
     world = world_size(cfg.launcher)
     plan = planned(cfg, world)  # worked out once, for the accumulation translation too
     translate_optimizer_config(  # mmcv 1.x optimizer_config, accumulation hook

@@ -40,9 +40,9 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 from .hooks.training_watch import TrainingWatch
-from ..hooks.auto_batch_size_hook import AutoBatchSizeHook
+from ..batch_size.auto_batch_size_hook import AutoBatchSizeHook
 from ..utils.registry_scope import type_name
-from ..batch_size.search import is_out_of_memory
+from ..batch_size.trial import is_out_of_memory
 
 MiB = 2**20
 DEFAULT_WORK_DIR = osp.join('work_dirs', 'benchmark_auto_batch_size')

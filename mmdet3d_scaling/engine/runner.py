@@ -38,8 +38,9 @@ from ..patches.fixes import runner_handoff
 from ..patches.fixes.checkpoint import previous_checkpoint
 from ..config import plugin_keys, prepare_config
 from ..config.preflight import check_data_paths
-from ..config.scaling_recipe import (BN_MOMENTUM_MODES, ScalingPlan, apply_plan,
-                                     format_plan, recorded_plan)
+from ..config.plan_writer import apply_plan, recorded_plan
+from ..config.scaling_plan import ScalingPlan, format_plan
+from ..config.scaling_recipe import BN_MOMENTUM_MODES
 from ..registry import check_replaced_types
 from . import batchnorm_momentum as bn
 from . import checkpoint_match as match

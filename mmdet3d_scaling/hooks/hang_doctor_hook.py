@@ -35,11 +35,15 @@ class HangDoctorHook(Hook):
         interval_s (float, optional): seconds between two heartbeats of a rank; also
             the delay with which the other ranks learn of the stop. Defaults to
             ``min(10, timeout_s / 4)``.
+        collective_timeout_s (float, optional): the collective timeout, seconds, named
+            in the report; set by the ``distributed`` config step from
+            ``env_cfg.dist_cfg.timeout``. Defaults to None (not named).
     """
 
     priority = 'VERY_HIGH'  # its before_* marks come before other hooks' work
 
-    def __init__(self, timeout_s: float = 300.0, interval_s: Optional[float] = None):
+    def __init__(self, timeout_s: float = 300.0, interval_s: Optional[float] = None,
+                 collective_timeout_s: Optional[float] = None):
         for name, value in (('timeout_s', timeout_s), ('interval_s', interval_s)):
             if value is not None and (isinstance(value, bool)
                                       or not isinstance(value, (int, float)) or value <= 0):
@@ -48,6 +52,7 @@ class HangDoctorHook(Hook):
         self.timeout_s = float(timeout_s)
         self.interval_s = float(interval_s) if interval_s is not None \
             else min(10.0, self.timeout_s / 4)
+        self.collective_timeout_s = collective_timeout_s
         self.doctor: Optional[HangDoctor] = None
 
     # ------------------------------------------------------------------ life cycle
@@ -56,10 +61,9 @@ class HangDoctorHook(Hook):
         if not is_distributed() or self.doctor is not None:
             return
         from torch.distributed.distributed_c10d import _get_default_store
-        timeout = ((runner.cfg.get('env_cfg') or {}).get('dist_cfg') or {}).get('timeout')
         self.doctor = HangDoctor(self.timeout_s, self.interval_s, get_rank(),
                                  get_world_size(), _get_default_store(), runner.logger,
-                                 collective_timeout_s=timeout)
+                                 collective_timeout_s=self.collective_timeout_s)
         self.doctor.mark('start-up (weights, resume, before_train hooks)', runner.iter,
                          exempt=True)
         self.doctor.start()

@@ -13,9 +13,9 @@ import inspect
 import re
 from typing import Dict, List, Optional, Tuple
 
-from . import (AutoBatchSizeHook, FastestFitHook, GarbageCollectionHook, GPUMonitorHook,
-               GradientCumulativeOptimizerHook, HangDoctorHook, NonFiniteGuardHook,
-               PreemptionHook, ScalingPlanHook)
+from ..batch_size import AutoBatchSizeHook, FastestFitHook
+from . import (GarbageCollectionHook, GPUMonitorHook, GradientCumulativeOptimizerHook,
+               HangDoctorHook, NonFiniteGuardHook, PreemptionHook, ScalingPlanHook)
 
 #: every hook of the package that takes options (a new one must be added, and documented)
 DOCUMENTED = (GPUMonitorHook, GradientCumulativeOptimizerHook, AutoBatchSizeHook,
@@ -27,20 +27,34 @@ HEADERS = {'en': ('option', 'default', 'unit / meaning'),
            'zh_cn': ('选项', '默认值', '单位 / 含义')}
 
 
+def _options(hook: type) -> List[inspect.Parameter]:
+    """The constructor's named options, then those of the base class it passes its
+    ``**kwargs`` to (the search hooks' shared options), each once."""
+    found: Dict[str, inspect.Parameter] = {}
+    for cls in hook.__mro__:
+        init = cls.__dict__.get('__init__')
+        if init is None:
+            continue
+        forwards = False
+        for name, param in inspect.signature(init).parameters.items():
+            if param.kind is param.VAR_KEYWORD:
+                forwards = True
+            elif name != 'self' and param.kind is not param.VAR_POSITIONAL:
+                found.setdefault(name, param)
+        if not forwards:
+            break
+    return list(found.values())
+
+
 def rows(hook: type) -> List[Tuple[str, str]]:
     """(option, default) cells of ``hook``'s constructor, in signature order."""
-    found = []
-    for name, param in inspect.signature(hook.__init__).parameters.items():
-        if name == 'self' or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
-            continue
-        default = 'required' if param.default is param.empty else f'`{param.default!r}`'
-        found.append((f'`{name}`', default))
-    return found
+    return [(f'`{p.name}`', 'required' if p.default is p.empty else f'`{p.default!r}`')
+            for p in _options(hook)]
 
 
-def arg_docs(hook: type) -> Dict[str, str]:
-    """Option -> the first sentence of its entry in the class docstring's ``Args:``."""
-    doc = inspect.getdoc(hook) or ''
+def _docstring_args(cls: type) -> Dict[str, str]:
+    """Option -> its entry in ``cls``'s own docstring's ``Args:`` section."""
+    doc = inspect.cleandoc(cls.__dict__.get('__doc__') or '')
     section = doc.split('Args:', 1)[1] if 'Args:' in doc else ''
     entries: Dict[str, str] = {}
     name: Optional[str] = None
@@ -53,6 +67,15 @@ def arg_docs(hook: type) -> Dict[str, str]:
             entries[name] += ' ' + line.strip()
         elif line.strip():
             break  # the section ended
+    return entries
+
+
+def arg_docs(hook: type) -> Dict[str, str]:
+    """Option -> the first sentence of its entry in the ``Args:`` of the class
+    docstring (or of the base class that takes it)."""
+    entries: Dict[str, str] = {}
+    for cls in reversed(hook.__mro__):
+        entries.update(_docstring_args(cls))
     first = {k: re.split(r'(?<=\.)\s+(?=[A-Z])', v, 1)[0] for k, v in entries.items()}
     return {k: v.replace('``', '`').rstrip('.') for k, v in first.items()}
 

@@ -11,7 +11,8 @@ from mmengine.runner import EpochBasedTrainLoop
 
 from mmdet3d.registry import HOOKS
 
-from ..config.scaling_recipe import ScalingPlan, format_plan, recorded_plan
+from ..config.plan_writer import recorded_plan
+from ..config.scaling_plan import ScalingPlan, format_plan
 from ..engine.optim_state import accumulation
 from ..registry import register
 from ..patches import patching

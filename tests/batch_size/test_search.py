@@ -12,8 +12,8 @@ from mmengine.dataset import pseudo_collate
 from mmdet3d_scaling.batch_size.cache import ResultCache, lookup_agreed
 from mmdet3d_scaling.batch_size.memory_probe import ModeledMemoryProbe
 from mmdet3d_scaling.batch_size.samples import LargestSampleBatches, RandomSampleBatches
-from mmdet3d_scaling.batch_size.search import (BatchSizeFinder, TrainingState,
-                                               is_out_of_memory, local_sync_bn)
+from mmdet3d_scaling.batch_size.search import BatchSizeFinder
+from mmdet3d_scaling.batch_size.trial import is_out_of_memory, local_sync_bn
 from tests.auto_batch_size_common import build_parts, demo_config
 from tests.multiprocess import start_ranks
 
@@ -96,14 +96,14 @@ def test_trials_really_train(shared, parts):
     model, optim_wrapper, _ = parts
     finder, probe = _finder(shared, dict(capacity_bytes=100 * MiB, bytes_per_sample=MiB),
                             steps=2)
-    state = TrainingState(model, optim_wrapper)
     original = _params(model)
     changed = {}
 
     def record(module, args, kwargs):  # the last call is the second step's forward
         changed.update({k: v.detach().clone() for k, v in module.state_dict().items()})
     handle = model.register_forward_pre_hook(record, with_kwargs=True)
-    trial = finder.try_batch(1, state)
+    with finder.session():
+        trial = finder.try_batch(1)
     handle.remove()
     probe.detach()
     assert trial.fits

@@ -9,8 +9,9 @@ from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401
 from mmdet3d_scaling.config.preparation import prepare_config
-from mmdet3d_scaling.config.scaling_recipe import (ScalingPlan, apply_plan, format_plan,
-                                                   make_plan, plan_hint, recorded_plan)
+from mmdet3d_scaling.config.plan_writer import apply_plan, recorded_plan
+from mmdet3d_scaling.config.scaling_plan import (ScalingPlan, format_plan, make_plan,
+                                                  plan_hint)
 from tests.parallel.dist_parts import toy_cfg
 
 MMDET3D_CONFIGS = osp.join(osp.dirname(__import__('mmdet3d').__file__), '.mim', 'configs')

@@ -150,7 +150,7 @@ def test_former_names_are_one_line_aliases(old):
 def test_the_one_gpu_bevfusion_names_say_their_plans(monkeypatch):
     """..._1xb2-amp-acc16-6e_nus-3d.py = 2 a GPU x 1 x accumulation 16 with AMP, as its
     name says; configs/bevfusion_1gpu.py (alias of ..._fit-24gib-amp-6e_nus-3d.py)
-    chooses the fastest arrangement in 24 GiB at start, from 4 x 1 x 8 down."""
+    chooses the fastest fit in 24 GiB at start, from 4 x 1 x 8 down."""
     fixed = 'bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_1xb2-amp-acc16-6e_nus-3d.py'
     cfg = _prepared(osp.join(CONFIGS, fixed), 1, monkeypatch)
     assert cfg.train_dataloader.batch_size == 2

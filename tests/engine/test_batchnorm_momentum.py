@@ -10,7 +10,7 @@ from mmengine.config import Config
 from mmengine.registry import RUNNERS
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.config.scaling_recipe import make_plan
+from mmdet3d_scaling.config.scaling_plan import make_plan
 from mmdet3d_scaling.engine import batchnorm_momentum as bn
 from tests.toy import toy_runner_cfg
 

@@ -71,12 +71,20 @@ def _distributed_cfg(**distributed) -> Config:
 
 
 def test_hang_doctor_key_adds_the_hook_with_its_timeout():
+    def doctor(timeout_s, collective_s=3600):
+        return dict(type='HangDoctorHook', timeout_s=timeout_s,
+                    collective_timeout_s=collective_s)
     cfg = configure_distributed(_distributed_cfg())
-    assert dict(type='HangDoctorHook', timeout_s=300) in cfg.custom_hooks
+    assert doctor(300) in cfg.custom_hooks
     cfg = configure_distributed(_distributed_cfg(hang_timeout_s=42))
-    assert dict(type='HangDoctorHook', timeout_s=42) in cfg.custom_hooks
+    assert doctor(42) in cfg.custom_hooks
     cfg = configure_distributed(_distributed_cfg(timeout_minutes=3))  # 300 s >= 180 s
-    assert dict(type='HangDoctorHook', timeout_s=90) in cfg.custom_hooks
+    assert doctor(90, 180) in cfg.custom_hooks
+    cfg = _distributed_cfg()  # by hand: its options kept, the collective timeout given
+    cfg.custom_hooks = [dict(type='mmdet3d_scaling.HangDoctorHook', timeout_s=7)]
+    assert configure_distributed(cfg).custom_hooks == [
+        dict(type='mmdet3d_scaling.HangDoctorHook', timeout_s=7,
+             collective_timeout_s=3600)]
     cfg = configure_distributed(_distributed_cfg(hang_timeout_s=None))
     assert not cfg.get('custom_hooks')
     single = Config(dict(launcher='none', distributed=dict()))

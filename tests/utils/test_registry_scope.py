@@ -2,7 +2,7 @@
 import pytest
 from mmengine.config import Config
 
-from mmdet3d_scaling.config.auto_batch_size import configure_auto_batch_size
+from mmdet3d_scaling.batch_size.config_step import configure_batch_size_search
 from mmdet3d_scaling.hooks import GPUMonitorHook
 from mmdet3d_scaling.utils import strip_scope, type_name
 
@@ -26,4 +26,4 @@ def test_auto_batch_size_twice_is_an_error_whatever_the_scope(scoped):
     cfg = Config(dict(auto_batch_size=dict(margin=0.2),
                       custom_hooks=[dict(type=scoped)]))
     with pytest.raises(ValueError, match='AutoBatchSizeHook is in custom_hooks and also'):
-        configure_auto_batch_size(cfg)
+        configure_batch_size_search(cfg)

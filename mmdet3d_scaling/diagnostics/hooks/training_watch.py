@@ -11,7 +11,7 @@ from mmengine.hooks import Hook
 
 from mmdet3d.registry import HOOKS
 
-from ...hooks.auto_batch_size_hook import AutoBatchSizeHook
+from ...batch_size.auto_batch_size_hook import AutoBatchSizeHook
 from ...registry import register
 from ...utils import progress
 from ...batch_size.memory_probe import ModeledMemoryProbe

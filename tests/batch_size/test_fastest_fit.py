@@ -1,14 +1,14 @@
-"""The fastest-arrangement search: memory budgets, the preference order, the choice,
+"""The fastest fit's search: memory budgets, the preference order, the choice,
 and gradient checkpointing switched on a real (reduced) BEVFusion with a modelled
 device whose memory per sample depends on the checkpointing in force."""
 import pytest
 import torch
 from mmengine.optim import OptimWrapper
 
-from mmdet3d_scaling.batch_size.arrangements import (Arrangement, ArrangementFinder,
-                                                     ArrangementTrial, CheckpointSwitch,
-                                                     FitResult, ModeledCheckpointingProbe,
-                                                     choose, preference_order)
+from mmdet3d_scaling.batch_size.checkpoint_switch import CheckpointSwitch
+from mmdet3d_scaling.batch_size.fastest_fit import (FastestFitFinder, FitResult, FitTrial,
+                                                    Variant, choose, preference_order)
+from mmdet3d_scaling.batch_size.memory_probe import ModeledCheckpointingProbe
 from mmdet3d_scaling.utils.memory_size import parse_memory_budget
 
 GiB, MiB = 2**30, 2**20
@@ -42,25 +42,25 @@ def test_preference_order_large_batches_first_without_checkpointing_first():
         'batch 2, checkpointing off', 'batch 2, checkpointing on',
         'batch 1, checkpointing off', 'batch 1, checkpointing on']
     assert preference_order([2, 4, 4], can_checkpoint=False) == [
-        Arrangement(4, False), Arrangement(2, False)]
+        Variant(4, False), Variant(2, False)]
 
 
 def test_choose_the_fastest_that_fits():
     # batch 4 without checkpointing does not fit; batch 4 with it is slower than 2
     assert choose([None, 5.0, 6.0, 5.5], min_gain=0.0) == 2
     assert choose([None, None]) is None
-    # an earlier arrangement keeps the pick unless a later one is faster by min_gain
+    # an earlier variant keeps the pick unless a later one is faster by min_gain
     assert choose([6.0, 6.1], min_gain=0.02) == 0
     assert choose([6.0, 6.2], min_gain=0.02) == 1
     assert choose([6.0, 6.0], min_gain=0.0) == 0  # ties: the preferred one
 
 
 def test_fit_result_round_trips_through_json_form():
-    trial = ArrangementTrial(4, False, True, False, 6.1, 17 * GiB, 19 * GiB, 3.0)
+    trial = FitTrial(4, False, True, False, 6.1, 17 * GiB, 19 * GiB, 3.0)
     result = FitResult(4, False, 6.1, 17 * GiB, 19 * GiB, 24 * GiB, int(21.6 * GiB), 0.1,
                        'dev', 12.0, [trial])
     again = FitResult.from_dict(result.to_dict())
-    assert again == result and again.trials[0].arrangement == Arrangement(4, False)
+    assert again == result and again.trials[0].variant == Variant(4, False)
 
 
 # ------------------------------------------------ a real BEVFusion with checkpointing
@@ -138,8 +138,8 @@ def test_checkpoint_switch_without_checkpointing(bevfusion):
     switch = CheckpointSwitch(torch.nn.Sequential(torch.nn.Linear(2, 2)))
     assert not switch.available and switch.describe() == 'none'
     with pytest.raises(ValueError, match='without any'):
-        ArrangementFinder(model, None, lambda n: None, None, switch,
-                          [Arrangement(1, True)])
+        FastestFitFinder(model, None, lambda n: None, None, switch,
+                          [Variant(1, True)])
 
 
 @pytest.mark.slow
@@ -155,24 +155,24 @@ def test_finder_picks_the_fastest_that_fits_and_restores_the_model(bevfusion):
         model, capacity_bytes=GiB, fixed_bytes=0, bytes_per_sample=30 * MiB,
         checkpointed_bytes_per_sample=12 * MiB)
     try:
-        finder = ArrangementFinder(
+        finder = FastestFitFinder(
             model, optim, make_batch, probe, switch,
             preference_order([4, 2], can_checkpoint=True), budget_bytes=100 * MiB,
             margin=0.1, warmup_steps=1, timed_steps=1, min_gain=0.0)
         result = finder.search()
     finally:
         probe.detach()
-    trials = {t.arrangement: t for t in result.trials}
-    assert [t.arrangement for t in result.trials] == preference_order([4, 2], True)
-    assert trials[Arrangement(4, False)].oom and not trials[Arrangement(4, False)].fits
-    assert trials[Arrangement(4, False)].samples_per_s is None
+    trials = {t.variant: t for t in result.trials}
+    assert [t.variant for t in result.trials] == preference_order([4, 2], True)
+    assert trials[Variant(4, False)].oom and not trials[Variant(4, False)].fits
+    assert trials[Variant(4, False)].samples_per_s is None
     fitting = [t for t in result.trials if t.fits]
-    assert {t.arrangement for t in fitting} == {
-        Arrangement(4, True), Arrangement(2, False), Arrangement(2, True)}
+    assert {t.variant for t in fitting} == {
+        Variant(4, True), Variant(2, False), Variant(2, True)}
     assert all(t.samples_per_s > 0 and t.peak_reserved_bytes <= 90 * MiB
                for t in fitting)
     fastest = max(fitting, key=lambda t: t.samples_per_s)
-    assert result.arrangement == fastest.arrangement
+    assert result.variant == fastest.variant
     assert result.samples_per_s == fastest.samples_per_s
     assert result.budget_bytes == 100 * MiB and result.limit_bytes == 90 * MiB
     # the model is as built: weights back, checkpointing as configured
@@ -187,8 +187,8 @@ def test_budget_above_the_device_is_lowered_to_it(bevfusion):
     model, make_batch = bevfusion
     probe = ModeledCheckpointingProbe(model, capacity_bytes=50 * MiB, fixed_bytes=0)
     try:
-        finder = ArrangementFinder(model, None, make_batch, probe,
-                                   CheckpointSwitch(model), [Arrangement(1, False)],
+        finder = FastestFitFinder(model, None, make_batch, probe,
+                                   CheckpointSwitch(model), [Variant(1, False)],
                                    budget_bytes=24 * GiB)
     finally:
         probe.detach()

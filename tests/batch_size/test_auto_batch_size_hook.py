@@ -8,64 +8,28 @@ import os
 import os.path as osp
 import pickle
 import socket
-from typing import List
 
 import pytest
 import torch
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.runner import Runner
 
-import mmdet3d_scaling  # noqa: F401  (registers the hooks, wraps Runner.from_cfg)
-from mmdet3d.registry import HOOKS
-from mmdet3d_scaling.config.auto_batch_size import configure_auto_batch_size
-from mmdet3d_scaling.hooks.auto_batch_size_hook import AutoBatchSizeHook
-from tests.auto_batch_size_common import data_root_for_tests, demo_config
+from mmdet3d_scaling.batch_size.auto_batch_size_hook import AutoBatchSizeHook
+from tests.auto_batch_size_common import demo_config
+from tests.batch_size.runs import MiB, modeled_probe, train
 from tests.multiprocess import start_ranks
-
-MiB = 2**20
 
 
 def probe(per_sample: float = MiB) -> dict:
-    return dict(type='ModeledMemoryProbe', capacity_bytes=3 * MiB, fixed_bytes=0,
-                bytes_per_sample=per_sample)
+    return modeled_probe(3 * MiB, per_sample)
 
 
-class BatchRecorder(Hook):
-    """Records the batch each training iteration really received, and whether the
-    optimizer stepped after it."""
-
-    priority = 'LOWEST'
-
-    def __init__(self):
-        self.batches: List[int] = []
-        self.stepped: List[bool] = []
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        self.batches.append(len(data_batch['data_samples']))
-        self.stepped.append(runner.optim_wrapper.should_update())
-
-
-HOOKS.register_module(module=BatchRecorder, force=True)  # configs must stay printable
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return data_root_for_tests(str(tmp_path_factory.mktemp('abs_hook_data')))
-
-
-def _hooks(runner, kind):
-    return [h for h in runner.hooks if isinstance(h, kind)]
-
-
-def _run(cfg: Config, **hook_args) -> Runner:
-    hooks = list(cfg.get('custom_hooks') or [])
+def _run(cfg: Config, **hook_args):
+    """Train with AutoBatchSizeHook (``hook_args``: its options, one step a trial);
+    without them, as the config asks for it."""
     if hook_args:
-        hooks.append(dict(dict(type='AutoBatchSizeHook', steps_per_trial=1), **hook_args))
-    cfg.custom_hooks = hooks + [dict(type='BatchRecorder')]
-    runner = Runner.from_cfg(cfg)
-    runner.train()
-    return runner
+        cfg.custom_hooks = list(cfg.get('custom_hooks') or []) + [
+            dict(dict(type='AutoBatchSizeHook', steps_per_trial=1), **hook_args)]
+    return train(cfg, AutoBatchSizeHook)
 
 
 @pytest.mark.slow
@@ -73,9 +37,7 @@ def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path
     work_dir = str(tmp_path / 'work')
     cfg = demo_config(data_root, work_dir, batch_size=4, max_iters=1)
     lr = cfg.optim_wrapper.optimizer.lr
-    runner = _run(cfg, probe=probe())
-    hook = _hooks(runner, AutoBatchSizeHook)[0]
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, hook, rec, _ = _run(cfg, probe=probe())
     assert hook.result.batch_size == 2 and not hook.result.from_cache
     assert [t.batch_size for t in hook.result.trials] == [1, 2, 4, 3]
     assert (hook.plan.per_gpu_batch, hook.plan.accumulation, hook.plan.total_batch) == \
@@ -100,9 +62,7 @@ def test_search_then_train_with_the_batch_and_keep_the_total(data_root, tmp_path
     # sample (not part of the cache key): a new search would pick 1, the cache says 2.
     cfg = demo_config(data_root, work_dir, batch_size=4, max_iters=2)
     cfg.resume = True
-    runner = _run(cfg, probe=probe(per_sample=2 * MiB))
-    hook = _hooks(runner, AutoBatchSizeHook)[0]
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, hook, rec, _ = _run(cfg, probe=probe(per_sample=2 * MiB))
     assert hook.result.from_cache and hook.result.batch_size == 2
     assert rec.batches == [2, 2] and runner.iter == 4  # iterations 3 and 4 of 4
 
@@ -112,9 +72,7 @@ def test_scaling_recipe_with_auto_per_gpu_batch(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=1, max_iters=1)
     cfg.scaling = dict(total_batch_size=4, per_gpu_batch_size='auto')
     cfg.auto_batch_size = dict(probe=probe(), steps_per_trial=1, max_batch_size=3)
-    runner = _run(cfg)
-    hook = _hooks(runner, AutoBatchSizeHook)[0]
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, hook, rec, _ = _run(cfg)
     assert hook.result.batch_size == 2
     assert rec.batches == [2, 2] and rec.stepped == [False, True]
     assert runner.cfg.scaling_plan['plan']['per_gpu_batch'] == 2
@@ -129,8 +87,7 @@ def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
     cfg.param_scheduler = [dict(type='LinearLR', start_factor=0.5, by_epoch=True,
                                 convert_to_iter_based=True, begin=0, end=1)]
     cfg.default_hooks.checkpoint = dict(type='CheckpointHook', interval=1)
-    runner = _run(cfg, probe=probe(), max_batch_size=3)  # trials 1, 2, 3
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, _, rec, _ = _run(cfg, probe=probe(), max_batch_size=3)  # trials 1, 2, 3
     assert rec.batches == [2, 2]  # 4 frames, batch 2
     assert rec.stepped == [False, True]
     assert runner.train_loop.max_iters == 2
@@ -141,8 +98,8 @@ def test_epoch_based_loop_and_converted_scheduler(data_root, tmp_path):
 def test_scale_lr_instead_of_accumulating(data_root, tmp_path):
     cfg = demo_config(data_root, str(tmp_path), batch_size=4, max_iters=1)
     lr = cfg.optim_wrapper.optimizer.lr
-    runner = _run(cfg, probe=probe(), adjust='lr', lr_scaling='linear', max_batch_size=3)
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, _, rec, _ = _run(cfg, probe=probe(), adjust='lr', lr_scaling='linear',
+                             max_batch_size=3)
     assert rec.batches == [2] and rec.stepped == [True]
     assert runner.optim_wrapper._accumulative_counts == 1
     group = runner.optim_wrapper.optimizer.param_groups[0]
@@ -154,10 +111,8 @@ def test_without_cuda_and_probe_it_keeps_the_batch(data_root, tmp_path):
     if torch.cuda.is_available():
         pytest.skip('this machine has a GPU: the hook would search on it')
     cfg = demo_config(data_root, str(tmp_path), batch_size=1, max_iters=1)
-    runner = _run(cfg, steps_per_trial=1)
-    hook = _hooks(runner, AutoBatchSizeHook)[0]
-    assert hook.result is None
-    assert _hooks(runner, BatchRecorder)[0].batches == [1]
+    _, hook, rec, _ = _run(cfg, steps_per_trial=1)
+    assert hook.result is None and rec.batches == [1]
 
 
 @pytest.mark.slow
@@ -187,9 +142,7 @@ def _ddp_rank(rank: int, data_root: str, work_dir: str, port: int) -> None:
     cfg.launcher = 'pytorch'
     # rank 0 allows 2.25 MiB (2 samples), rank 1 only 1.35 MiB (1 sample)
     capacity = int((2.5 if rank == 0 else 1.5) * MiB)
-    runner = _run(cfg, probe=dict(probe(), capacity_bytes=capacity))
-    hook = _hooks(runner, AutoBatchSizeHook)[0]
-    rec = _hooks(runner, BatchRecorder)[0]
+    runner, hook, rec, _ = _run(cfg, probe=modeled_probe(capacity))
     with open(osp.join(work_dir, f'rank{rank}.pkl'), 'wb') as f:
         pickle.dump(dict(batch=hook.result.batch_size, local=hook.result.local_batch_size,
                          plan=(hook.plan.per_gpu_batch, hook.plan.accumulation),
@@ -212,28 +165,3 @@ def test_ranks_train_with_the_smallest_batch(data_root, tmp_path):
         assert 'DistributedDataParallel' in o['wrapped']
     cached = json.load(open(tmp_path / 'auto_batch_size.json'))
     assert [e['batch_size'] for e in cached.values()] == [1]
-
-
-# ------------------------------------------------------------------ config switch
-def test_config_switch():
-    cfg = Config(dict(scaling=dict(total_batch_size=8, per_gpu_batch_size='auto')))
-    configure_auto_batch_size(cfg)
-    assert cfg.scaling.per_gpu_batch_size is None
-    assert [h['type'] for h in cfg.custom_hooks] == ['AutoBatchSizeHook']
-    configure_auto_batch_size(cfg)  # idempotent
-    assert len(cfg.custom_hooks) == 1
-
-    cfg = Config(dict(auto_batch_size=dict(margin=0.2)))
-    configure_auto_batch_size(cfg)
-    assert cfg.custom_hooks == [dict(type='AutoBatchSizeHook', margin=0.2)]
-    assert 'auto_batch_size' not in cfg
-
-    cfg = Config(dict(auto_batch_size=True,
-                      custom_hooks=[dict(type='AutoBatchSizeHook')]))
-    with pytest.raises(ValueError, match='in one place'):
-        configure_auto_batch_size(cfg)
-    with pytest.raises(ValueError, match='must be a dict'):
-        configure_auto_batch_size(Config(dict(auto_batch_size='yes')))
-    cfg = Config(dict(auto_batch_size=False, scaling=dict(per_gpu_batch_size='auto')))
-    with pytest.raises(ValueError, match='contradicts'):
-        configure_auto_batch_size(cfg)

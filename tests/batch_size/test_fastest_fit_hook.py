@@ -2,64 +2,25 @@
 KITTI-format data, with a modelled device standing in for the GPU: 1 MiB a sample,
 a 3 MiB budget and the default 10 % margin (2.7 MiB allowed), so batches 1 and 2 fit
 and 4 does not. PointPillars has no gradient checkpointing to switch, so the
-arrangements are batch sizes (checkpointing is switched on a real BEVFusion in
-tests/batch_size/test_arrangements.py)."""
+variants are batch sizes (checkpointing is switched on a real BEVFusion in
+tests/batch_size/test_fastest_fit.py)."""
 import json
-import logging
 import os.path as osp
 import re
-from typing import List
 
 import pytest
 from mmengine.config import Config
-from mmengine.hooks import Hook
-from mmengine.runner import Runner
 
-import mmdet3d_scaling  # noqa: F401  (registers the hooks)
-from mmdet3d.registry import HOOKS
-from mmdet3d_scaling.batch_size.arrangements import Arrangement
-from mmdet3d_scaling.config.fastest_fit import configure_fastest_fit
+from mmdet3d_scaling.batch_size.fastest_fit import Variant
+from mmdet3d_scaling.batch_size.fastest_fit_hook import FastestFitHook
 from mmdet3d_scaling.config.preparation import prepare_config
-from mmdet3d_scaling.hooks.fastest_fit_hook import FastestFitHook
-from tests.auto_batch_size_common import data_root_for_tests, demo_config
-
-MiB = 2**20
+from tests.auto_batch_size_common import demo_config
+from tests.batch_size.runs import MiB, modeled_probe
+from tests.batch_size.runs import train as train_with
 
 
 def probe(per_sample: float = MiB) -> dict:
-    return dict(type='ModeledMemoryProbe', capacity_bytes=1024 * MiB, fixed_bytes=0,
-                bytes_per_sample=per_sample)
-
-
-class SeenBatches(Hook):
-    """The batch each training iteration received and whether the optimizer stepped."""
-
-    priority = 'LOWEST'
-
-    def __init__(self):
-        self.batches: List[int] = []
-        self.stepped: List[bool] = []
-
-    def after_train_iter(self, runner, batch_idx, data_batch=None, outputs=None):
-        self.batches.append(len(data_batch['data_samples']))
-        self.stepped.append(runner.optim_wrapper.should_update())
-
-
-HOOKS.register_module(module=SeenBatches, force=True)  # configs must stay printable
-
-
-class LogCapture(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.INFO)
-        self.lines: List[str] = []
-
-    def emit(self, record):
-        self.lines.append(record.getMessage())
-
-
-@pytest.fixture(scope='module')
-def data_root(tmp_path_factory):
-    return data_root_for_tests(str(tmp_path_factory.mktemp('fastest_fit_data')))
+    return modeled_probe(1024 * MiB, per_sample)
 
 
 def config(data_root: str, work_dir: str, max_iters: int = 1, budget='3MiB',
@@ -69,21 +30,12 @@ def config(data_root: str, work_dir: str, max_iters: int = 1, budget='3MiB',
     cfg.scaling = dict(total_batch_size=4, memory_budget=budget)
     cfg.log_level = 'INFO'  # the choice is logged at INFO
     cfg.custom_hooks = [dict(type='FastestFitHook', warmup_steps=1, timed_steps=1,
-                             **hook_args), dict(type='SeenBatches')]
+                             **hook_args)]
     return cfg
 
 
 def train(cfg: Config):
-    runner = Runner.from_cfg(cfg)
-    capture = LogCapture()
-    runner.logger.addHandler(capture)
-    try:
-        runner.train()
-    finally:
-        runner.logger.removeHandler(capture)
-    hook = next(h for h in runner.hooks if isinstance(h, FastestFitHook))
-    seen = next(h for h in runner.hooks if isinstance(h, SeenBatches))
-    return runner, hook, seen, capture.lines
+    return train_with(cfg, FastestFitHook)
 
 
 @pytest.mark.slow
@@ -93,8 +45,8 @@ def test_fastest_that_fits_keeps_the_total_logs_and_caches(data_root, tmp_path):
                                            min_gain=0.0))
     result = hook.result
     # preference order: largest batch first (no checkpointing to switch here)
-    assert [t.arrangement for t in result.trials] == [
-        Arrangement(4, False), Arrangement(2, False), Arrangement(1, False)]
+    assert [t.variant for t in result.trials] == [
+        Variant(4, False), Variant(2, False), Variant(1, False)]
     assert result.trials[0].oom and not result.trials[0].fits
     fitting = [t for t in result.trials if t.fits]
     assert [t.batch_size for t in fitting] == [2, 1]
@@ -131,7 +83,7 @@ def test_fastest_that_fits_keeps_the_total_logs_and_caches(data_root, tmp_path):
 
     # another budget is another setting: searched again, and 4 MiB a sample fits nowhere
     cfg = config(data_root, work_dir, budget='4MiB', probe=probe(per_sample=4 * MiB))
-    with pytest.raises(RuntimeError, match='no arrangement trains in'):
+    with pytest.raises(RuntimeError, match='no variant trains in'):
         train(cfg)
 
 
@@ -146,37 +98,10 @@ def test_fixed_per_gpu_batch_leaves_only_that_batch(data_root, tmp_path):
 
 @pytest.mark.slow
 def test_bad_settings_are_errors_that_name_the_value(data_root, tmp_path):
-    with pytest.raises(ValueError, match=r"scaling.memory_budget='24 gigs'"):
-        configure_fastest_fit(Config(dict(scaling=dict(total_batch_size=4,
-                                                       memory_budget='24 gigs'))))
-    with pytest.raises(ValueError, match=r'scaling.memory_budget=-2'):
-        configure_fastest_fit(Config(dict(scaling=dict(total_batch_size=4,
-                                                       memory_budget=-2))))
-    with pytest.raises(ValueError, match="per_gpu_batch_size='auto'"):
-        configure_fastest_fit(Config(dict(scaling=dict(
-            total_batch_size=4, memory_budget=24, per_gpu_batch_size='auto'))))
-    with pytest.raises(ValueError, match='auto_batch_size'):
-        configure_fastest_fit(Config(dict(scaling=dict(total_batch_size=4,
-                                                       memory_budget=24),
-                                          auto_batch_size=dict(margin=0.2))))
-    with pytest.raises(ValueError, match="memory_budget='lots'"):
-        FastestFitHook(memory_budget='lots')
+    with pytest.raises(ValueError, match='budget_bytes must be a positive number'):
+        FastestFitHook(budget_bytes='lots')
     with pytest.raises(ValueError, match=r'batch_sizes .*\[3\]'):
         train(config(data_root, str(tmp_path), probe=probe(), batch_sizes=[4, 3]))
-    cfg = config(data_root, str(tmp_path / 'b'), probe=probe(), memory_budget='2MiB')
-    with pytest.raises(ValueError, match='conflicting memory budget'):
-        train(cfg)
-
-
-def test_config_switch_adds_the_hook_once():
-    cfg = Config(dict(scaling=dict(total_batch_size=8, memory_budget='24GiB')))
-    configure_fastest_fit(cfg)
-    assert [h['type'] for h in cfg.custom_hooks] == ['FastestFitHook']
-    configure_fastest_fit(cfg)  # idempotent
-    assert len(cfg.custom_hooks) == 1
-    cfg = Config(dict(scaling=dict(total_batch_size=8)))
-    configure_fastest_fit(cfg)
-    assert not cfg.get('custom_hooks')
 
 
 def test_prepared_one_gpu_bevfusion_config_asks_for_it():
@@ -187,7 +112,8 @@ def test_prepared_one_gpu_bevfusion_config_asks_for_it():
     cfg.preflight = dict(check_data=False)
     cfg.launcher = 'none'
     cfg = prepare_config(cfg)
-    assert [h['type'] for h in cfg.custom_hooks].count('FastestFitHook') == 1
+    [hook] = [h for h in cfg.custom_hooks if h['type'] == 'FastestFitHook']
+    assert hook.budget_bytes == 24 * 2**30 and hook.recipe.total_batch_size == 32
     plan = cfg.scaling_plan['plan']
     assert [plan[k] for k in ('per_gpu_batch', 'accumulation', 'total_batch')] == \
         [4, 8, 32]
