@@ -10,6 +10,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -260,7 +261,9 @@ def test_independent_runs_stop_together_when_one_fails():
     barrier until the time limit."""
     sleeper = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
     failing = subprocess.Popen([sys.executable, '-c', 'raise SystemExit(3)'])
+    start = time.monotonic()
     launch.wait_together([sleeper, failing], timeout_s=120)
+    assert time.monotonic() - start < 60  # at the failure, not at the time limit
     assert failing.returncode == 3
     assert sleeper.returncode is not None and sleeper.returncode != 0  # stopped
     late = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)'])
