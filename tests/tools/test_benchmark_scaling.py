@@ -294,6 +294,7 @@ def test_bad_arguments_are_clear_errors():
         comparison.compare_stock(args, [dict(world_size=1)])
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
 def test_four_process_gloo_smoke(tmp_path, data_root):
     """The multi-process smoke run: 4 gloo processes (on any core count) train the PointPillars
@@ -378,16 +379,20 @@ def test_stock_batch_must_divide_the_effective_batch():
         comparison.stock_accumulation(8, 6, 1)
 
 
+@pytest.mark.multiprocess
 @pytest.mark.slow
-def test_warmup_iters_and_step_times(tmp_path, data_root):
+def test_warmup_iters_step_times_and_the_ddp_world_of_one(tmp_path, data_root):
     """--warmup-iters counts micro-batches of the process: with accumulation 2 (one
     process, effective batch 4 = 2 x acc 2), 3 iterations round up to 2 warm-up steps;
     every measured step's and micro-batch's time is recorded and summarised, and the
-    micro-batch times give the lockstep bound."""
+    micro-batch times give the lockstep bound. --ddp-one in the same call (one
+    1-process run serves both): the 1-process case again through torchrun as a
+    distributed run of one process (gloo here), wrapped in the plugin's DDP wrapper;
+    its cost in the table."""
     out = tmp_path / 'warm'
     steps_measured = 4  # 8 micro-batches: enough for the lockstep bound
     run_tool(out, data_root, '--nproc', '1', '--warmup-iters', '3', '--no-comm-run',
-             '--iters', str(steps_measured))
+             '--iters', str(steps_measured), '--ddp-one')
     raw = _raw(out, 1, 'on')
     assert raw['accumulation'] == 2 and raw['warmup_steps'] == 2
     steps = raw['ranks'][0]['step_seconds']
@@ -405,6 +410,16 @@ def test_warmup_iters_and_step_times(tmp_path, data_root):
     md = (out / 'scaling.md').read_text()
     assert ' / ' in md.splitlines()[2].split('|')[5]
     assert f"N=2 {bound['2']:.3f}" in md
+    log = (out / f'{LABEL}_n1_ddp-one' / 'run.log').read_text()
+    assert "launcher: pytorch" in log and 'ScalingDistributedDataParallel' in log
+    plain = (out / f'{LABEL}_n1_comm-on' / 'run.log').read_text()
+    assert "launcher: none" in plain
+    one = row['ddp_one']
+    assert one['world_size'] == 1
+    assert one['cost'] == pytest.approx(1 - one['samples_per_s'] / row['samples_per_s'])
+    assert one['host'][0]['cpus_allowed'] >= 1
+    table = (out / 'scaling.md').read_text()
+    assert 'DDP world of one' in table and '| main thread (world of one) |' in table
 
 
 def test_lockstep_bound_arithmetic():
@@ -459,23 +474,3 @@ def test_median_row_and_round_order():
     assert row['comm_step_s'] == 0.2 and row['comm_share'] == pytest.approx(0.2 / (16 / 11))
     assert benchmark.round_order([1, 2, 4], 0) == [1, 2, 4]
     assert benchmark.round_order([1, 2, 4], 1) == [4, 2, 1]
-
-
-@pytest.mark.multiprocess
-@pytest.mark.slow
-def test_ddp_world_of_one_runs_the_distributed_path(tmp_path, data_root):
-    """--ddp-one: the 1-process case again through torchrun as a distributed run of one
-    process (gloo here), wrapped in the plugin's DDP wrapper; its cost in the table."""
-    out = tmp_path / 'one'
-    run_tool(out, data_root, '--nproc', '1', '--ddp-one', '--no-comm-run')
-    log = (out / f'{LABEL}_n1_ddp-one' / 'run.log').read_text()
-    assert "launcher: pytorch" in log and 'ScalingDistributedDataParallel' in log
-    plain = (out / f'{LABEL}_n1_comm-on' / 'run.log').read_text()
-    assert "launcher: none" in plain
-    row = json.loads((out / 'scaling.json').read_text())['rows'][0]
-    one = row['ddp_one']
-    assert one['world_size'] == 1
-    assert one['cost'] == pytest.approx(1 - one['samples_per_s'] / row['samples_per_s'])
-    assert one['host'][0]['cpus_allowed'] >= 1
-    table = (out / 'scaling.md').read_text()
-    assert 'DDP world of one' in table and '| main thread (world of one) |' in table
