@@ -178,8 +178,12 @@ def wait_together(procs: List[subprocess.Popen], timeout_s: float,
     (they would wait at the barrier until its time limit); past ``timeout_s`` stop all.
     ``tick`` (the progress bar) is called while waiting."""
     deadline = time.monotonic() + timeout_s
-    while any(p.poll() is None for p in procs):
-        failed = any(p.returncode not in (None, 0) for p in procs)
+    while True:
+        # poll every run: any() would stop at the first live one and miss a failed peer
+        codes = [p.poll() for p in procs]
+        if None not in codes:
+            return
+        failed = any(code not in (None, 0) for code in codes)
         if failed or time.monotonic() > deadline:
             for p in procs:
                 if p.poll() is None:
@@ -194,7 +198,6 @@ def wait_together(procs: List[subprocess.Popen], timeout_s: float,
         if tick is not None:
             tick()
         time.sleep(0.5)
-
 
 
 def read_result(path: str, world_size: int) -> Optional[Dict[str, Any]]:
