@@ -168,6 +168,10 @@ def _with_hook_options(hooks: list, options: Dict[str, Any]) -> list:
 
 
 # -------------------------------------------------------------------- the GPU probe
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
 class CudaReleaseWatch(CudaMemoryProbe):
     """:class:`~mmdet3d_scaling.batch_size.memory_probe.CudaMemoryProbe` that notes,
     per trial, whether the allocator gave memory back or failed a request.

@@ -100,6 +100,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         fit_table.parse_budgets(args.budgets)
     except ValueError as err:
         p.error(str(err))
+    if args.probe == 'cuda' and not fit_table.cuda_available():
+        p.error('no CUDA device here: run it on the GPU whose memory you ask about, or '
+                'pass --probe modeled for a dry run on a modelled device')
     return args
 
 
