@@ -345,6 +345,9 @@ def measure(runner, budgets: Sequence[Tuple[Union[float, str], int]],
     watched = getattr(probe, 'undisturbed', None)
     if watched is None:  # a modelled device: its peak does not depend on the cap
         undisturbed = [True] * len(search.trials)
+    elif 'garbage_collection_threshold' in os.environ.get('PYTORCH_CUDA_ALLOC_CONF', ''):
+        # the allocator then frees cache relative to the cap: every cap runs differently
+        undisturbed = [False] * len(search.trials)
     elif len(watched) == len(search.trials):
         undisturbed = [bool(w) for w in watched]
     else:  # trials and limits do not pair up: decide nothing from the search
