@@ -30,7 +30,9 @@ picks among those that fit:
 So each row is what the search would choose under that cap, and only the arrangements
 the larger cap could not decide are trained again. On a modelled device (CPU dry runs
 and tests) the peak is a function of the batch: fits with peak <= L are reused, the
-rest tried.
+rest tried. With ``garbage_collection_threshold`` in ``PYTORCH_CUDA_ALLOC_CONF`` the
+allocator frees its cache relative to the cap, so nothing is reused: every arrangement
+that fitted is tried again under each smaller cap.
 
 Calls the fastest fit's entry points and changes none of them: the search runs in
 ``FastestFitHook`` (turned on by ``scaling.memory_budget`` as in training, options in
