@@ -186,6 +186,7 @@ class CudaReleaseWatch(CudaMemoryProbe):
     def __init__(self, device: Optional[torch.device] = None):
         super().__init__(device)
         self.undisturbed: List[Optional[bool]] = []
+        self.moved: List[Dict[str, int]] = []  # per trial: counters that moved, by how much
         self._start: Optional[tuple] = None
 
     def _counters(self) -> tuple:
@@ -195,12 +196,16 @@ class CudaReleaseWatch(CudaMemoryProbe):
     def limit(self, num_bytes: int):
         self._start = self._counters()
         self.undisturbed.append(None)
+        self.moved.append({})
         return super().limit(num_bytes)
 
     def peak_bytes(self) -> int:
         peak = super().peak_bytes()
         if self._start is not None and self.undisturbed[-1] is None:
-            self.undisturbed[-1] = self._counters() == self._start
+            now = self._counters()
+            self.undisturbed[-1] = now == self._start
+            self.moved[-1] = {key: int(b - a) for key, a, b in
+                              zip(PRESSURE_STATS, self._start, now) if b != a}
         return peak
 
 
@@ -359,6 +364,8 @@ def measure(runner, budgets: Sequence[Tuple[Union[float, str], int]],
     rows = [decide_budget(b, search, undisturbed, probe.capacity_bytes(), total,
                           settings['min_gain'], retrials) for b in budgets]
     return dict(rows=rows, search=search, settings=settings, retrials=retrials,
+                undisturbed=undisturbed,
+                moved=getattr(probe, 'moved', [])[:len(search.trials)],
                 precision=FastestFitHook._precision(runner.optim_wrapper),
                 total_batch=total)
 
@@ -456,6 +463,8 @@ def to_json(result: Dict[str, Any]) -> Dict[str, Any]:
         capacity_gib=_gib(result['capacity_bytes']), precision=result['precision'],
         total_batch_size=result['total_batch'], settings=result['settings'],
         torch=torch.__version__, budgets=rows, search=result['search'].to_dict(),
+        # per search trial: whether smaller budgets may reuse it, and why not
+        search_undisturbed=result['undisturbed'], search_counters_moved=result['moved'],
         retrials=retrials.count, retrial_seconds=retrials.seconds,
         seconds=result['seconds'])
 

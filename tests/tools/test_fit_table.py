@@ -109,6 +109,23 @@ def test_a_trial_is_reused_only_when_the_cap_never_acted():
     assert fit_table.classify(_trial(False, 5), 10, undisturbed=True) == fit_table.OUT
 
 
+def test_the_gpu_probe_notes_a_trial_whose_allocator_gave_memory_back(monkeypatch):
+    counters = {'reserved_bytes.all.freed': 0, 'num_alloc_retries': 0, 'num_ooms': 0}
+    monkeypatch.setattr(fit_table.torch.cuda, 'memory_stats', lambda device: counters)
+    monkeypatch.setattr(fit_table.CudaMemoryProbe, 'peak_bytes', lambda self: 7)
+    monkeypatch.setattr(fit_table.CudaMemoryProbe, 'limit', lambda self, n: n)
+    watch = object.__new__(fit_table.CudaReleaseWatch)  # no CUDA device needed
+    watch.undisturbed, watch.moved, watch._start, watch.device = [], [], None, None
+    watch.limit(10)
+    assert watch.peak_bytes() == 7
+    watch.limit(10)
+    counters['reserved_bytes.all.freed'] = 4096  # a segment released inside the trial
+    watch.peak_bytes()
+    watch.limit(10)  # a trial that ran out of memory never reads its peak
+    assert watch.undisturbed == [True, False, None]
+    assert watch.moved == [{}, {'reserved_bytes.all.freed': 4096}, {}]
+
+
 def test_budgets_parse_sorted_and_once():
     assert fit_table.parse_budgets('24, 12,24GiB,1536MiB') == [
         ('1536MiB', 1536 * MiB), (12.0, 12 * 2**30),
