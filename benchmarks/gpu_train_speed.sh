@@ -15,6 +15,7 @@
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
+#         fit_table
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -138,6 +139,28 @@ for stage in "$@"; do
       run "ours_${stage}_${side}" "$pp" --config $ours --batch $batch --cfg-options \
         scaling.per_gpu_batch_size=$batch train_dataloader.num_workers=6
     done
+    ;;
+  fit_table)  # "will it fit my card?": the fastest fit's choice per memory budget
+    # (tools/analysis/fit_table.py, docs/auto_batch_size.md), BEVFusion camera+LiDAR and
+    # LiDAR-only, PV-RCNN, SECOND, PointPillars; one JSON a model. ~8 min on one H200.
+    # FIT_MODELS="bevfusion_lc pv_rcnn" runs those rows only; FIT_BUDGETS the budgets.
+    nuscenes; kitti
+    FIT="python tools/analysis/fit_table.py --budgets ${FIT_BUDGETS:-12,16,24,40,80}"
+    LIDAR=configs/bevfusion/bevfusion_lidar_voxel0075_second_secfpn_1xb4-acc8-cyclic-20e_nus-3d.py
+    while read -r name config batches options; do
+      case " ${FIT_MODELS:-$name} " in *" $name "*) ;; *) continue ;; esac
+      PYTHONPATH=$SP $FIT "$config" --batch-sizes "$batches" --out "$OUT/fit_table_$name.json" \
+        --work-dir "work_dirs/fit_table/$name" ${options:+--cfg-options $options} \
+        < /dev/null > "$OUT/fit_table_$name.txt" 2>&1
+      echo "[fit_table $name rc=$?]"; grep -A8 '^fit table:' "$OUT/fit_table_$name.txt" \
+        || tail -5 "$OUT/fit_table_$name.txt"
+    done <<EOF
+bevfusion_lc configs/bevfusion_1gpu.py 8,4,2,1 $NO_HUB
+bevfusion_l $LIDAR 16,8,4,2,1
+pv_rcnn configs/pv_rcnn/pv_rcnn_synthetic_kitti.py 8,4,2,1
+second configs/second/second_synthetic_kitti.py 8,4,2,1
+pointpillars configs/pointpillars/pointpillars_synthetic_kitti.py 8,4,2,1
+EOF
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;
   esac

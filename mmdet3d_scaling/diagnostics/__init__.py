@@ -20,7 +20,8 @@ tests import the modules they need:
   (``tools/analysis/benchmark_train_step.py``); :mod:`.batch_size_benchmark` and
   :mod:`.batch_size_limits`, :mod:`.bev_pool_benchmark`, :mod:`.view_transform_benchmark`,
   :mod:`.bevfusion_lidar_benchmark`, :mod:`.gpu_monitor_benchmark`: the other tools'
-  measurements; :mod:`.hooks`: the tools' hooks, one a file.
+  measurements; :mod:`.fit_table`: the fastest fit's choice per memory budget
+  (``tools/analysis/fit_table.py``); :mod:`.hooks`: the tools' hooks, one a file.
 
 The progress-bar policy of the long tools is :mod:`mmdet3d_scaling.utils.progress`.
 """

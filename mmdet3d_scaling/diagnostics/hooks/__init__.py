@@ -6,6 +6,9 @@ tool imports the module it needs:
 - :mod:`.training_watch`: ``TrainingWatch``, the auto batch size benchmark's check and
   timing after the search (``tools/benchmark_auto_batch_size.py``; importing it
   registers it in mmdet3d's ``HOOKS``).
+- :mod:`.stop_after_search`: ``StopAfterSearch``, which measures right after the
+  start-up searches and ends ``train()`` there (``tools/analysis/fit_table.py``; not
+  registered).
 - :mod:`.benchmark_timer_hook`, :mod:`.peak_memory_hook`, :mod:`.profile_hook`,
   :mod:`.progress_file_hook`: the scaling benchmark's timing, peak memory, profiler and
   progress hooks (``tools/benchmark_scaling.py``). Not registered: its worker adds them
