@@ -122,18 +122,18 @@ class CudaGraphCache:
                 self._say(name, f'CUDA graphs: {name} input {tuple(x.shape)} is a new '
                           f'shape beyond max_graphs={self.max_graphs}; it runs eagerly.')
                 return ModuleChain(modules)(x)
-            chain = self._capture(name, modules, x)
+            chain = self._capture(key, modules, x)
         allocate_missing_grads(list(chain.parameters()))
         return chain(x)
 
-    def _capture(self, name: str, modules: Sequence[nn.Module], x: Tensor) -> nn.Module:
+    def _capture(self, key: tuple, modules: Sequence[nn.Module], x: Tensor) -> nn.Module:
         before = torch.cuda.memory_reserved(x.device)
         chain = capture(ModuleChain(modules), x)
         grown = (torch.cuda.memory_reserved(x.device) - before) / 2**30
-        print_log(f'CUDA graphs: captured {name} (forward + backward) for input '
+        print_log(f'CUDA graphs: captured {key[0]} (forward + backward) for input '
                   f'{tuple(x.shape)} {str(x.dtype).replace("torch.", "")}; reserved '
                   f'memory +{grown:.2f} GiB.', logger='current')
-        self.graphs[(name, signature(x))] = chain
+        self.graphs[key] = chain
         return chain
 
     def _say(self, name: str, message: str) -> None:
