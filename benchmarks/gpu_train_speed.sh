@@ -12,6 +12,7 @@
 # is built for this GPU's architecture in a copy under work_dirs/.
 #
 # SIDES (bevfusion, pv_rcnn, second): the sparse-conv backends to run, default "mmcv spconv";
+# STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
@@ -124,19 +125,22 @@ for stage in "$@"; do
     kitti
     if [ $stage = pv_rcnn ]; then
       stock=$STOCK_CFG/pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py
-      ours=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py; batch=8
+      ours=configs/pv_rcnn/pv_rcnn_synthetic_kitti.py; batch=8; ours_iters=$ITERS
     else
       stock=$STOCK_CFG/second/second_hv_secfpn_8xb6-80e_kitti-3d-3class.py
-      ours=configs/second/second_synthetic_kitti.py; batch=6
+      # the stock model at the stock sizes (second_synthetic_kitti.py is a shrunk one);
+      # it accumulates 8 micro-batches a step, and ScalingRunner counts steps
+      ours=configs/second/second_hv_secfpn_1xb6-acc8-80e_kitti-3d-3class.py; batch=6
+      ours_iters=$(( (ITERS + 7) / 8 ))
     fi
     for side in ${SIDES:-mmcv spconv}; do
       pp=$NOSP; [ $side = spconv ] && pp=$SP
-      for t in 1 16; do
+      for t in ${STOCK_THREADS:-1 16}; do
         run "stock_${stage}_${side}_t$t" "$pp" --train "$STOCK_TRAIN" --config "$stock" \
           --batch $batch --env OMP_NUM_THREADS=$t --cfg-options \
           train_dataloader.batch_size=$batch train_dataloader.num_workers=6
       done
-      run "ours_${stage}_${side}" "$pp" --config $ours --batch $batch --cfg-options \
+      run "ours_${stage}_${side}" "$pp" --iters $ours_iters --config $ours --batch $batch --cfg-options \
         scaling.per_gpu_batch_size=$batch train_dataloader.num_workers=6
     done
     ;;

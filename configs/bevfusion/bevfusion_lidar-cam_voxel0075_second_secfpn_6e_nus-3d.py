@@ -75,11 +75,9 @@ model = dict(
         memory_efficient=False,  # True: pool depth x context without the frustum
         deterministic=False),  # True: BEV pooling without atomics
     fusion_layer=dict(type='ConvFuser', in_channels=[80, 256], out_channels=256),
-    # ['img_encoder']: Swin-T + neck as one CUDA graph in training (forward and
-    # backward; ~800 small launches become one). Opt-in until its CUDA equality test
-    # has passed on a GPU (docs/bevfusion.md); the 2.41x figure of docs/benchmarks.md
-    # was measured with it on.
-    cuda_graphs=[])
+    # Swin-T + neck as one CUDA graph in training (forward and backward; ~800 small
+    # launches become one; eager where it cannot apply, said at start). [] turns it off.
+    cuda_graphs=['img_encoder'])
 
 meta_keys = [
     'cam2img', 'ori_cam2img', 'lidar2cam', 'lidar2img', 'cam2lidar', 'ori_lidar2img',

@@ -79,9 +79,10 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
 def _encoder(seed=0):
     cfg = _camera_cfg()
     torch.manual_seed(seed)
-    backbone = MODELS.build(cfg['img_backbone']).cuda().train()
-    neck = MODELS.build(cfg['img_neck']).cuda().train()
-    return backbone, neck
+    modules = [MODELS.build(cfg[k]).cuda() for k in ('img_backbone', 'img_neck')]
+    for m in modules:  # mmdet's SwinTransformer.train() returns None, so not chained
+        m.train()
+    return modules
 
 
 @pytest.mark.cuda

@@ -147,11 +147,13 @@ def scatter_targets(head, dev: MatchCosts, matches: HostMatches,
     labels[pos] = gt_labels[gt]
     pos_weight = head.train_cfg['pos_weight']
     label_weights = boxes.new_ones(batch * total)
-    label_weights[pos] = 1.0 if pos_weight <= 0 else pos_weight
+    # index_fill_, not ``[pos] = scalar``: a Python scalar is copied to the GPU from
+    # pageable memory, which waits for the queue
+    label_weights.index_fill_(0, pos, 1.0 if pos_weight <= 0 else pos_weight)
     bbox_targets = boxes.new_zeros(batch * total, code)
     bbox_targets[pos] = head.bbox_coder.encode(gt_boxes[gt])
     bbox_weights = boxes.new_zeros(batch * total, code)
-    bbox_weights[pos] = 1.0
+    bbox_weights.index_fill_(0, pos, 1.0)
     ious = boxes.new_zeros(batch * total)
     if n:
         ious[pos] = torch.cat([i.reshape(-1) for i in dev.ious])[iou_at].to(ious.dtype)
