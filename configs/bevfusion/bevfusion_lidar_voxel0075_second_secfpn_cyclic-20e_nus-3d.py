@@ -13,6 +13,7 @@
 _base_ = ['../_base_/default_runtime.py']
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
 runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it
+async_logging = True  # losses and grad norm read without waiting for the GPU: docs/hooks.md
 
 voxel_size = [0.075, 0.075, 0.2]
 point_cloud_range = [-54.0, -54.0, -5.0, 54.0, 54.0, 3.0]

@@ -6,6 +6,7 @@ _base_ = ['mmdet3d::pointpillars/pointpillars_hv_secfpn_8xb6-160e_kitti-3d-3clas
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
 runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it
 patches = ['speed']  # fewer GPU -> CPU waits in the heads: docs/patches.md
+async_logging = True  # losses and grad norm read without waiting for the GPU: docs/hooks.md
 
 # The recipe: 8 GPUs x 6 samples = effective batch 48 at lr 0.001, kept on every GPU count
 # (6 per GPU, accumulation = 8 / GPUs).

@@ -7,6 +7,7 @@ _base_ = ['mmdet3d::pv_rcnn/pv_rcnn_8xb2-80e_kitti-3d-3class.py']
 custom_imports = dict(imports=['mmdet3d_scaling'], allow_failed_imports=False)
 runner_type = 'ScalingRunner'  # the plugin's keys below are honoured by it
 patches = ['speed']  # fewer GPU -> CPU waits in the heads: docs/patches.md
+async_logging = True  # losses and grad norm read without waiting for the GPU: docs/hooks.md
 
 # The recipe: 8 GPUs x 2 samples = effective batch 16 at lr 1e-3. The scaling engine
 # keeps 16 samples per optimizer step on every GPU count (2 per GPU, accumulation =

@@ -15,6 +15,7 @@ from mmengine.config import Config
 
 from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
 from ..utils.registry_scope import strip_scope
+from .async_logging import configure_async_logging
 from .devices import configure_devices
 from .distributed import configure_distributed
 from .legacy_keys import translate_amp_config, translate_optimizer_config
@@ -25,7 +26,7 @@ from .preemption import use_resumable_sampler
 #: top-level keys that only this plugin reads (mmengine ignores them)
 PLUGIN_KEYS = ('scaling', 'optimizer_config', 'fp16', 'amp', 'distributed',
                'auto_batch_size', 'patches', 'trusted_checkpoints',
-               'float32_matmul_precision', 'preflight', 'resume_strict')
+               'float32_matmul_precision', 'preflight', 'resume_strict', 'async_logging')
 _OUR_WRAPPER = 'ScalingDistributedDataParallel'
 
 Step = Callable[[Config], Config]
@@ -94,4 +95,5 @@ def prepare_config(cfg: Config) -> Config:
     apply_scaling_recipe(cfg, world, plan)  # after accumulation translation
     configure_distributed(cfg)  # after configure_devices: builds on its wrapper config
     use_resumable_sampler(cfg)  # PreemptionHook: a resumed epoch skips trained samples
+    configure_async_logging(cfg)  # runtime_info hook + deferred_grad_norm patch
     return cfg

@@ -9,3 +9,4 @@ from .garbage_collection_hook import GarbageCollectionHook  # noqa: F401
 from .non_finite_guard_hook import NonFiniteGuardHook  # noqa: F401
 from .preemption_hook import PreemptionHook  # noqa: F401
 from .hang_doctor_hook import HangDoctorHook  # noqa: F401
+from .async_runtime_info_hook import AsyncRuntimeInfoHook  # noqa: F401

@@ -7,10 +7,13 @@ Python float each iteration, and an ``OptimWrapper`` with ``clip_grad`` of type 
 logs the gradient norm as a float at each optimizer step. Only a run without norm
 clipping needs one extra reduction (are all weights finite after the step?) and one
 read of its result per optimizer step, at the end of an iteration whose loss was
-already read (the GPU has finished the step by then).
+already read (the GPU has finished the step by then). With ``AsyncRuntimeInfoHook``
+(``async_logging=True``) the values reach the host up to one iteration late: the guard
+checks each iteration's values as they arrive, names the iteration they came from, and
+checks them all before any checkpoint is saved.
 """
 import os.path as osp
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from mmengine.hooks import Hook
@@ -19,6 +22,7 @@ from mmengine.optim import OptimWrapper
 
 from mmdet3d.registry import HOOKS
 
+from ..monitoring.deferred_scalars import DRAINED_INFO
 from ..registry import register
 from .optimizer_step_param_scheduler_hook import optimizer_stepped
 
@@ -108,6 +112,9 @@ class NonFiniteGuardHook(Hook):
         self.check_weights = check_weights
         self._steps_taken = 0
         self._step_handle = None
+        # async log reads: per iteration not yet read, (stepped, samples of its batch)
+        self._waiting: Dict[int, Tuple[bool, List[str]]] = {}
+        self._checked_serial = 0
 
     # ------------------------------------------------------------------ set-up
     def before_train(self, runner) -> None:
@@ -141,15 +148,62 @@ class NonFiniteGuardHook(Hook):
                          outputs: Optional[dict] = None) -> None:
         """Raise :class:`NonFiniteError` if this iteration produced a non-finite value."""
         taken = self._steps_taken
+        stepped = optimizer_stepped(runner)
+        skipped_by_scaler = stepped and taken == 0 and self._scaler_enabled(runner)
+        checked_step = stepped and not skipped_by_scaler
+        if runner.message_hub.get_info(DRAINED_INFO) is not None:  # async log reads
+            self._waiting[runner.iter] = (checked_step, batch_samples(data_batch))
+            self._check_arrived(runner)
+            if checked_step and self._checks_weights(runner.optim_wrapper) and \
+                    not self._weights_finite(runner.model):
+                self._raise(runner, {'weights after the optimizer step': float('nan')},
+                            batch_samples(data_batch), runner.iter)
+            return
         bad: Dict[str, float] = {}
         if self.check_loss:
             bad.update(self._bad_losses(runner, outputs))
-        stepped = optimizer_stepped(runner)
-        skipped_by_scaler = stepped and taken == 0 and self._scaler_enabled(runner)
-        if stepped and not skipped_by_scaler:
+        if checked_step:
             bad.update(self._bad_gradients(runner))
         if bad:
-            raise NonFiniteError(self._message(runner, bad, data_batch))
+            self._raise(runner, bad, batch_samples(data_batch), runner.iter)
+
+    def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
+        """With async log reads: check what arrived before the save (every value:
+        ``AsyncRuntimeInfoHook`` hands everything over before a save)."""
+        if runner.message_hub.get_info(DRAINED_INFO) is not None:
+            self._check_arrived(runner)
+
+    def _check_arrived(self, runner) -> None:
+        """Check the iterations whose values ``AsyncRuntimeInfoHook`` handed over."""
+        serial, arrived = runner.message_hub.get_info(DRAINED_INFO)
+        if serial == self._checked_serial:
+            return
+        self._checked_serial = serial
+        grad_key = f'train/{getattr(runner.optim_wrapper, "grad_name", "grad_norm")}'
+        by_norm = self._clips_by_norm(runner.optim_wrapper)
+        for iteration, values in arrived:
+            stepped, samples = self._waiting.pop(iteration, (True, []))
+            bad = {}
+            for key, value in values.items():
+                is_norm = key == grad_key
+                wanted = (self.check_grad_norm and by_norm and stepped) if is_norm \
+                    else self.check_loss
+                if wanted and _not_finite(value):
+                    bad[key[len('train/'):]] = value
+            if bad:
+                self._raise(runner, bad, samples, iteration)
+        if arrived:  # iterations sealed without values never arrive: forget them
+            last = arrived[-1][0]
+            for iteration in [i for i in self._waiting if i <= last]:
+                del self._waiting[iteration]
+
+    def _checks_weights(self, wrapper: Any) -> bool:
+        return self.check_weights is True or (self.check_weights == 'auto'
+                                              and not self._clips_by_norm(wrapper))
+
+    def _raise(self, runner, bad: Dict[str, float], samples: List[str],
+               iteration: int) -> None:
+        raise NonFiniteError(self._message(runner, bad, samples, iteration))
 
     @staticmethod
     def _scaler_enabled(runner) -> bool:
@@ -178,7 +232,7 @@ class NonFiniteGuardHook(Hook):
             buffer = runner.message_hub.log_scalars.get('train/grad_norm')
             if buffer is not None and _not_finite(buffer.current()):
                 bad['grad_norm'] = buffer.current()
-        if self.check_weights is True or (self.check_weights == 'auto' and not by_norm):
+        if self._checks_weights(wrapper):
             if not self._weights_finite(runner.model):
                 bad['weights after the optimizer step'] = float('nan')
         return bad
@@ -195,24 +249,27 @@ class NonFiniteGuardHook(Hook):
 
     # ----------------------------------------------------------------- message
     @staticmethod
-    def _message(runner, bad: Dict[str, float], data_batch: Any) -> str:
+    def _message(runner, bad: Dict[str, float], samples: List[str],
+                 iteration: int) -> str:
         values = ', '.join(f'{k}={v}' for k, v in bad.items())
-        samples = batch_samples(data_batch)
         listed = samples[:_MAX_LISTED_SAMPLES]
         if len(samples) > len(listed):
             listed.append(f'... and {len(samples) - len(listed)} more')
         sample_text = ('\n  samples of this batch on this rank:\n    '
                        + '\n    '.join(listed)) if listed else \
             '\n  (the batch has no data_samples metainfo naming its files)'
+        stop = (f'at iteration {runner.iter + 1} (async_logging reads values up to one '
+                f'iteration late), before a checkpoint was saved after it'
+                if iteration != runner.iter else
+                "before this iteration's hooks saved anything")
         last = runner.message_hub.get_info('last_ckpt')
         last_text = (f'the last checkpoint, {osp.basename(last)!r} in '
                      f'{osp.dirname(last)!r}, is untouched' if last else
                      'no checkpoint was saved before it')
         return (
-            f'NonFiniteGuardHook: non-finite value at iteration {runner.iter + 1} '
+            f'NonFiniteGuardHook: non-finite value at iteration {iteration + 1} '
             f'(epoch {runner.epoch + 1}) on rank {runner.rank}: {values}.'
-            f'{sample_text}\n  Training stopped before this iteration\'s hooks saved '
-            f'anything: {last_text}. Check these files for NaN / inf values (add '
+            f'{sample_text}\n  Training stopped {stop}: {last_text}. Check these files for NaN / inf values (add '
             "dict(type='CheckFiniteInputs') after the loading transforms of the train "
             'pipeline to name the file and the values), or lower the learning rate / '
             'clip gradients (optim_wrapper.clip_grad=dict(max_norm=..., norm_type=2)) '
