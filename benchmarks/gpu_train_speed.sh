@@ -12,6 +12,8 @@
 # is built for this GPU's architecture in a copy under work_dirs/.
 #
 # SIDES (bevfusion, pv_rcnn, second): the sparse-conv backends to run, default "mmcv spconv";
+# LOG_INTERVAL (bevfusion, pv_rcnn, second): iterations a log line on both sides, default
+# 1 (a divisor of WARMUP; 5 measures async_logging as configs log);
 # STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
@@ -50,6 +52,7 @@ kitti() {  # in data/kitti, where the stock configs read it; ours read data/synt
 run() {  # LABEL PYTHONPATH [train_speed args...]
   local label=$1 pp=$2; shift 2
   $SPEED --label "$label" --out "$OUT/$label.json" --iters "$ITERS" --warmup "$WARMUP" \
+    --log-interval "${LOG_INTERVAL:-1}" \
     --env "PYTHONPATH=$pp" "$@" 2>&1 | tail -4  # a later --iters wins
 }
 

@@ -6,10 +6,12 @@ wrapper config that changes only how long it runs and what it logs:
 
 - ``IterBasedTrainLoop`` for ``--iters`` iterations, no validation (mmengine's loop
   validates after its last iteration unless ``val_begin`` lies beyond), no checkpoint;
-- the logger at every iteration with a window of one, so that mmengine's
-  ``vis_data/scalars.json`` holds each iteration's own ``time`` (from the end of one
-  iteration to the end of the next: data loading included) and ``memory`` (mmengine's
-  peak allocated MiB since the previous log, i.e. of that iteration).
+- the logger every ``--log-interval`` iterations (default 1) with a window of as many,
+  so that mmengine's ``vis_data/scalars.json`` holds each window's mean ``time`` (from
+  the end of one iteration to the end of the next: data loading included) and
+  ``memory`` (mmengine's peak allocated MiB since the previous log). An interval above
+  one measures a run as configs log it: with ``async_logging`` every logged iteration
+  reads its values (a wait for the GPU), the others do not.
 
 A ``ScalingRunner`` config counts ``max_iters`` in optimizer steps (its recipe may
 accumulate several micro-batches a step): pass ``--iters`` as steps there; the summary
@@ -45,18 +47,19 @@ REPO = osp.dirname(osp.dirname(osp.abspath(__file__)))
 WRAPPER = '''_base_ = [{base!r}]
 train_cfg = dict(_delete_=True, type='IterBasedTrainLoop', max_iters={iters},
                  val_begin={never}, val_interval={never})
-default_hooks = dict(logger=dict(type='LoggerHook', interval=1),
+default_hooks = dict(logger=dict(type='LoggerHook', interval={log}),
                      checkpoint=dict(type='CheckpointHook', interval={never},
                                      save_last=False))
-log_processor = dict(window_size=1)
+log_processor = dict(window_size={log})
 '''
 
 
-def write_wrapper(config: str, iters: int, work_dir: str) -> str:
+def write_wrapper(config: str, iters: int, work_dir: str, log: int = 1) -> str:
     os.makedirs(work_dir, exist_ok=True)
     path = osp.join(work_dir, 'train_speed_config.py')
     with open(path, 'w') as f:
-        f.write(WRAPPER.format(base=osp.abspath(config), iters=iters, never=10 ** 8))
+        f.write(WRAPPER.format(base=osp.abspath(config), iters=iters, never=10 ** 8,
+                               log=log))
     return path
 
 
@@ -70,7 +73,9 @@ def read_scalars(work_dir: str) -> List[Dict]:
         return [json.loads(line) for line in f if '"time"' in line]
 
 
-def summarise(records: List[Dict], batch: int, warmup: int) -> Dict:
+def summarise(records: List[Dict], batch: int, warmup: int, log: int = 1) -> Dict:
+    """Each record is the mean of ``log`` iterations (its window), all after warm-up
+    (``warmup`` a multiple of ``log``): samples/s = batch x records / summed means."""
     measured = [r for r in records if r.get('step', r.get('iter', 0)) > warmup]
     if len(measured) < 3:
         raise SystemExit(f'train_speed: only {len(measured)} iterations after the '
@@ -78,7 +83,7 @@ def summarise(records: List[Dict], batch: int, warmup: int) -> Dict:
     times = [r['time'] for r in measured]
     data = [r.get('data_time', 0.0) for r in measured]
     memory = [r['memory'] for r in measured if 'memory' in r]
-    return dict(iterations=len(times), samples_per_s=round(batch * len(times) / sum(times), 3),
+    return dict(iterations=len(times) * log, log_interval=log, samples_per_s=round(batch * len(times) / sum(times), 3),
                 iter_s_median=round(statistics.median(times), 4),
                 data_time_share=round(sum(data) / sum(times), 4),
                 peak_allocated_mib=max(memory) if memory else None)
@@ -98,13 +103,18 @@ def main() -> None:
     parser.add_argument('--cfg-options', nargs='*', default=[])
     parser.add_argument('--env', action='append', default=[],
                         help='K=V for the run (repeatable)')
+    parser.add_argument('--log-interval', type=int, default=1,
+                        help='iterations a log line (and a window); --warmup a multiple')
     parser.add_argument('--work-dir')
     parser.add_argument('--out', required=True)
     args = parser.parse_args()
     work_dir = osp.abspath(args.work_dir or osp.join(REPO, 'work_dirs', 'train_speed',
                                                      args.label))
     config = osp.join(args.cwd, args.config) if not osp.isabs(args.config) else args.config
-    wrapper = write_wrapper(config, args.iters, work_dir)
+    if args.log_interval < 1 or args.warmup % args.log_interval:
+        parser.error(f'--log-interval {args.log_interval}: a positive divisor of --warmup '
+                     f'{args.warmup} (each log line must cover measured iterations only)')
+    wrapper = write_wrapper(config, args.iters, work_dir, args.log_interval)
     cmd = [sys.executable, args.train, wrapper, '--work-dir', work_dir]
     if args.amp:
         cmd.append('--amp')
@@ -124,7 +134,8 @@ def main() -> None:
     result = dict(label=args.label, config=args.config, train=args.train, amp=args.amp,
                   cfg_options=args.cfg_options, env=args.env, batch=args.batch,
                   warmup=args.warmup, wall_s=round(wall, 1),
-                  **summarise(read_scalars(work_dir), args.batch, args.warmup))
+                  **summarise(read_scalars(work_dir), args.batch, args.warmup,
+                              args.log_interval))
     with open(args.out, 'w') as f:
         json.dump(result, f, indent=1)
     print(json.dumps(result), flush=True)
