@@ -258,6 +258,12 @@ class ScalingRunner(Runner):
         """Whether ``train()`` built the train loop (``before_run`` of val/test: no)."""
         return isinstance(self._train_loop, BaseLoop)
 
+    @property
+    def scaling_plan(self) -> Optional[ScalingPlan]:
+        """The scaling recipe's plan this runner trains with (None without
+        ``scaling``); :meth:`apply_plan` changes it."""
+        return recorded_plan(self.cfg)
+
     def apply_plan(self, plan: ScalingPlan, reason: str) -> None:
         """Train with ``plan`` from now on (before any step ran).
 

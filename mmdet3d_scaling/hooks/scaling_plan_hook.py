@@ -11,7 +11,6 @@ from mmengine.runner import EpochBasedTrainLoop
 
 from mmdet3d.registry import HOOKS
 
-from ..config.plan_writer import recorded_plan
 from ..config.scaling_plan import ScalingPlan, format_plan
 from ..engine.optim_state import accumulation
 from ..registry import register
@@ -25,13 +24,14 @@ META_KEY = 'scaling_plan'
 def runtime_plan(runner) -> ScalingPlan:
     """The plan the runner really uses: loader batch, world size, wrapper accumulation.
 
-    Base batch and LR scaling come from the config's recorded plan when there is one.
+    Base batch and LR scaling come from the runner's scaling plan when it has one
+    (``ScalingRunner.scaling_plan``, the recipe's plan in force).
     """
     per_gpu = runner.train_dataloader.batch_size
     world = runner.world_size
     acc = accumulation(runner.optim_wrapper)
     total = per_gpu * world * acc
-    recorded = recorded_plan(runner.cfg) if runner.cfg is not None else None
+    recorded = getattr(runner, 'scaling_plan', None)
     if recorded is not None:
         base, rule, scale = recorded.base_batch, recorded.lr_scaling, recorded.lr_scale
     else:
