@@ -37,7 +37,11 @@ _base_ = ['./bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py']
 
 scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
                per_gpu_batch_size=2)
-train_dataloader = dict(batch_size=2)
+# 8 loader workers: the step outruns 4 (PIL decoding of 6 full-size JPEGs a sample
+# loads 11.5 samples/s with 4 workers, 22.7 with 8, docs/benchmarks.md "Camera
+# decoding"; the bf16 step trains ~16). One GPU's share of a host's cores; on
+# several GPUs a process each keeps the official 4.
+train_dataloader = dict(batch_size=2, num_workers=8)
 
 amp = dict(dtype='auto')  # bf16 where the GPU has it, else fp16 from scale 2**3
 
