@@ -16,6 +16,7 @@ import torch
 
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
+from mmengine.registry import DefaultScope
 
 REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
                           'data', 'reference', 'official_bevfusion_state_dict.json')
@@ -92,7 +93,10 @@ def build(cfg, **overrides):
     cfg = copy.deepcopy(cfg)
     cfg.update(overrides)
     torch.manual_seed(0)
-    return MODELS.build(cfg)
+    # in mmdet3d's scope whatever an earlier test in this process left as the default
+    # (under pytest-xdist a worker runs other modules' tests first)
+    with DefaultScope.overwrite_default_scope('mmdet3d'):
+        return MODELS.build(cfg)
 
 
 @pytest.mark.slow
