@@ -9,6 +9,7 @@ import torch
 
 from mmdet3d.models.utils import draw_heatmap_gaussian, gaussian_radius
 from mmdet3d.registry import MODELS
+from mmengine.registry import DefaultScope
 from mmdet3d.structures import LiDARInstance3DBoxes
 from mmdet3d_scaling.models.bevfusion.heatmap_targets import (box_centres_and_radii,
                                                              draw_heatmap, scalar_div)
@@ -88,7 +89,9 @@ def test_the_device_decides_how_a_python_divisor_rounds():
 
 @pytest.mark.parametrize('device', DEVICES)
 def test_head_heatmap_target_equals_upstream_with_the_head_settings(device):
-    head = MODELS.build(tiny_head_cfg()).to(device)
+    # mmdet3d's scope whatever an earlier test of this process left (xdist workers)
+    with DefaultScope.overwrite_default_scope('mmdet3d'):
+        head = MODELS.build(tiny_head_cfg()).to(device)
     boxes3d, labels = scene(60, 7, device)
     got = head._heatmap_target(boxes3d, labels, torch.device(device))
     expected = upstream_heatmap(boxes3d, labels, device, head.train_cfg, head.num_classes)
