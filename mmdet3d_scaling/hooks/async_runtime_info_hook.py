@@ -83,10 +83,9 @@ class AsyncRuntimeInfoHook(RuntimeInfoHook):
             else:  # upstream's error for a value that is no scalar
                 runner.message_hub.update_scalar(f'train/{key}', value)
         self.sink.seal(runner.iter)
-        if self._read_now(runner, batch_idx):
-            self._hand_over(runner, self.sink.drain())
-        else:
-            self._hand_over(runner, self.sink.drain(before=runner.iter))
+        # where read: everything; else up to the previous iteration (done: no wait)
+        before = None if self._read_now(runner, batch_idx) else runner.iter
+        self._hand_over(runner, self.sink.drain(before=before))
 
     def before_save_checkpoint(self, runner, checkpoint: dict) -> None:
         """Every value on the host before a save (the guard checks them first)."""
