@@ -103,7 +103,9 @@ class ScalingRunner(Runner):
                 print_log(f"ScalingRunner: plugin keys in this config: "
                           f"{', '.join(found) or 'none'}\npatches in effect (the "
                           "config's own selection only while this runner builds, "
-                          f"trains, validates or tests):\n{patch_table(selection)}",
+                          "trains, validates or tests):\n"
+                          # prepared: a key may select patches (async_logging)
+                          f"{patch_table(patch_selection(cfg))}",
                           logger='current')
             with run_settings(cfg):
                 return super().from_cfg(cfg)
