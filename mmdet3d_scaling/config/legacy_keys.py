@@ -292,8 +292,11 @@ def _requested_amp(cfg: Config) -> Optional[Tuple[str, Dict[str, Any]]]:
             raise ValueError(f'amp.dtype must be one of {AMP_DTYPES + (AMP_AUTO,)}, got '
                              f'{dtype!r}.')
         else:
+            # bf16 needs no scaling; an enabled GradScaler reads found_inf on the host
+            # at every optimizer step (a full GPU wait)
+            default = dict(BF16_LOSS_SCALE) if dtype == 'bfloat16' else 'dynamic'
             requests.append(('amp', dict(dtype=dtype, loss_scale=_check_loss_scale(
-                amp.get('loss_scale', 'dynamic'), 'amp.loss_scale'))))
+                amp.get('loss_scale', default), 'amp.loss_scale'))))
     if not requests:
         return None
     merge('mixed-precision settings', requests)
@@ -305,7 +308,8 @@ def translate_amp_config(cfg: Config) -> Config:
 
     ``fp16 = dict(loss_scale=512.)`` or ``dict(loss_scale='dynamic')`` means float16
     autocast with that loss scaling (mmcv 1.x default 512.); ``amp = dict(
-    dtype='bfloat16')`` picks bfloat16 (``loss_scale`` defaults to 'dynamic');
+    dtype='bfloat16')`` picks bfloat16 (``loss_scale`` defaults to off:
+    ``dict(enabled=False)``; float16's to 'dynamic');
     ``amp = dict(dtype='auto')`` picks by the GPU (:func:`resolve_auto_amp`).
     An ``optim_wrapper`` that is already an ``AmpOptimWrapper`` must not disagree.
     """

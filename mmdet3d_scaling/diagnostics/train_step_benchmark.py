@@ -3,8 +3,12 @@
 What ``tools/analysis/benchmark_train_step.py`` measures, for any mmdet3d config (the
 plugin's or stock mmdet3d's), at a given micro-batch and precision:
 
-- ``samples_per_s``: micro-batch size / median wall time of a micro-batch after the
-  warm-up (CUDA-synchronised at each iteration end; data loading included);
+- ``samples_per_s``: samples / wall time of the measured micro-batches after the
+  warm-up, synchronised with the GPU only where the window starts and ends, so that
+  one iteration's GPU work overlaps the next one's host work as in training (data
+  loading between iterations included); with ``sync_each_iter`` every micro-batch is
+  synchronised at both ends and the figure is micro-batch size / median time (an
+  isolated step: no overlap between iterations);
 - ``peak_allocated_gib`` / ``peak_reserved_gib``: the allocator's peaks over the measured
   iterations, with the peak statistics reset after the warm-up, so cuDNN autotune
   workspaces of the first iterations are not counted;
@@ -64,7 +68,10 @@ def configure(cfg: Config, batch: int, precision: str, iters: int,
     else:
         cfg.optim_wrapper.type = 'AmpOptimWrapper'
         cfg.optim_wrapper.dtype = dtype
-        cfg.optim_wrapper.loss_scale = 'dynamic' if dtype == 'float16' else 1.0
+        # bf16 as the plugin's amp key trains it: no GradScaler (whose found_inf read
+        # would wait for the GPU at every step)
+        cfg.optim_wrapper.loss_scale = ('dynamic' if dtype == 'float16'
+                                        else dict(enabled=False))
     cfg.train_cfg = dict(type='IterBasedTrainLoop', max_iters=iters, val_interval=10 ** 9)
     cfg.val_cfg = cfg.val_dataloader = cfg.val_evaluator = None
     cfg.test_cfg = cfg.test_dataloader = cfg.test_evaluator = None
@@ -108,23 +115,36 @@ class TrainStepProbe(Hook):
         iters (int): measured micro-batches.
         profile (int): micro-batches profiled after the measured ones (0: none).
         batch (int): samples per micro-batch.
+        sync_each_iter (bool): synchronise with the GPU before and after every
+            micro-batch (isolated steps). Default False: only at the ends of the
+            measured and the profiled window, as training runs.
     """
 
     priority = 'VERY_LOW'
 
-    def __init__(self, warmup: int, iters: int, profile: int, batch: int) -> None:
+    def __init__(self, warmup: int, iters: int, profile: int, batch: int,
+                 sync_each_iter: bool = False) -> None:
         self.warmup, self.iters, self.profile, self.batch = warmup, iters, profile, batch
+        self.sync_each_iter = sync_each_iter
         self.times: List[float] = []
+        self.window_s = 0.0
         self.peaks: Tuple[int, int] = (0, 0)
         self.summary: Optional[Dict[str, Any]] = None
         self._t = 0.0
+        self._window_t = 0.0
         self._prof = None
         self._prof_t = 0.0
         self._stages = None
         self._step = StepRange()
 
+    def _window_edge(self, it: int) -> bool:
+        """Whether iteration ``it`` (0-based) starts the measured or the profiled window."""
+        return it in (self.warmup, self.warmup + self.iters)
+
     def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
         """Start the clock (and the profiler for the profiled micro-batches)."""
+        if self.sync_each_iter or self._window_edge(runner.iter):
+            torch.cuda.synchronize()
         if runner.iter == self.warmup + self.iters and self.profile:
             from torch.profiler import ProfilerActivity, profile
             self._prof = profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA])
@@ -132,7 +152,8 @@ class TrainStepProbe(Hook):
             self._stages = labelled_stages(unwrap_model(runner.model), runner.optim_wrapper)
             self._stages.__enter__()
             self._prof_t = time.perf_counter()
-        torch.cuda.synchronize()
+        if runner.iter == self.warmup:
+            self._window_t = time.perf_counter()
         if self._prof is not None:
             self._step.open()
         self._t = time.perf_counter()
@@ -140,14 +161,17 @@ class TrainStepProbe(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None,
                          outputs=None) -> None:
         """Stop the clock; reset the peaks after the warm-up; end the profile."""
-        torch.cuda.synchronize()
-        self._step.close()
         done = runner.iter + 1  # mmengine counts this iteration after the hooks
+        ends = (self.warmup, self.warmup + self.iters, self.warmup + self.iters + self.profile)
+        if self.sync_each_iter or done in ends:
+            torch.cuda.synchronize()
+        self._step.close()
         if self.warmup < done <= self.warmup + self.iters:
             self.times.append(time.perf_counter() - self._t)
         if done == self.warmup:
             torch.cuda.reset_peak_memory_stats()
         if done == self.warmup + self.iters:
+            self.window_s = time.perf_counter() - self._window_t
             self.peaks = (torch.cuda.max_memory_allocated(),
                           torch.cuda.max_memory_reserved())
         if self._prof is not None and done == self.warmup + self.iters + self.profile:
@@ -161,9 +185,15 @@ class TrainStepProbe(Hook):
     def figures(self) -> Dict[str, Any]:
         """The run's figures (see the module docstring)."""
         median = statistics.median(self.times) if self.times else float('nan')
+        if not self.times:
+            rate = None
+        elif self.sync_each_iter:
+            rate = self.batch / median
+        else:
+            rate = self.batch * len(self.times) / self.window_s
         return dict(batch=self.batch, warmup=self.warmup, measured=len(self.times),
-                    median_s_per_micro_batch=median,
-                    samples_per_s=self.batch / median if self.times else None,
+                    sync_each_iter=self.sync_each_iter,
+                    median_s_per_micro_batch=median, samples_per_s=rate,
                     peak_allocated_gib=self.peaks[0] / GIB,
                     peak_reserved_gib=self.peaks[1] / GIB,
                     profile=self.summary)

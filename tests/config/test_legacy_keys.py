@@ -118,7 +118,9 @@ def test_conflicting_grad_clip_is_an_error():
 @pytest.mark.parametrize('keys, loss_scale, dtype', [
     (dict(fp16=dict(loss_scale=512)), 512.0, 'float16'),
     (dict(fp16=dict(loss_scale='dynamic')), 'dynamic', 'float16'),
-    (dict(amp=dict(dtype='bfloat16')), 'dynamic', 'bfloat16'),
+    (dict(amp=dict(dtype='bfloat16')), dict(enabled=False), 'bfloat16'),
+    (dict(amp=dict(dtype='bfloat16', loss_scale='dynamic')), 'dynamic', 'bfloat16'),
+    (dict(amp=dict(dtype='float16')), 'dynamic', 'float16'),
     (dict(optimizer_config=dict(type='Fp16OptimizerHook', loss_scale=256.)),
      256.0, 'float16'),
 ])

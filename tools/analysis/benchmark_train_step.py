@@ -43,6 +43,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help='limit this process to this much GPU memory (0: no cap)')
     p.add_argument('--stock', action='store_true',
                    help='do not import mmdet3d_scaling (stock mmdet3d)')
+    p.add_argument('--sync-each-iter', action='store_true',
+                   help='synchronise with the GPU around every micro-batch (isolated '
+                        'steps; default: only at the ends of the measured window)')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config settings (key=value)')
     p.add_argument('--work-dir', default='work_dirs/benchmark_train_step',
@@ -65,7 +68,8 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
     configure(cfg, args.batch, precision, total, args.workers)
     cfg.work_dir = osp.join(args.work_dir, precision)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
-    probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch)
+    probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch,
+                           sync_each_iter=args.sync_each_iter)
     runner.register_hook(probe)
     runner.train()
     return dict(config=args.config, precision=precision, stock=args.stock,
