@@ -79,6 +79,10 @@ model = dict(
     # launches become one; eager where it cannot apply, said at start). [] turns it off.
     cuda_graphs=['img_encoder'])
 
+# the camera images stacked with their padding on Python ints, not CPU tensors (exact;
+# docs/patches.md `multiview_stack`); printed with the other patches at start
+patches = ['multiview_stack']
+
 meta_keys = [
     'cam2img', 'ori_cam2img', 'lidar2cam', 'lidar2img', 'cam2lidar', 'ori_lidar2img',
     'img_aug_matrix', 'box_type_3d', 'sample_idx', 'lidar_path', 'img_path',
