@@ -149,7 +149,8 @@ for stage in "$@"; do
     ;;
   fit_table)  # "will it fit my card?": the fastest fit's choice per memory budget
     # (tools/analysis/fit_table.py, docs/auto_batch_size.md), BEVFusion camera+LiDAR and
-    # LiDAR-only, PV-RCNN, SECOND, PointPillars; one JSON a model. ~8 min on one H200.
+    # LiDAR-only, PV-RCNN, SECOND, PointPillars (SECOND and PointPillars at the stock
+    # model size, total batch 48); one JSON a model. About 6 min on one H200.
     # FIT_MODELS="bevfusion_lc pv_rcnn" runs those rows only; FIT_BUDGETS the budgets.
     nuscenes; kitti
     FIT="python tools/analysis/fit_table.py --budgets ${FIT_BUDGETS:-12,16,24,40,80}"
@@ -165,8 +166,8 @@ for stage in "$@"; do
 bevfusion_lc configs/bevfusion_1gpu.py 8,4,2,1 $NO_HUB
 bevfusion_l $LIDAR 16,8,4,2,1
 pv_rcnn configs/pv_rcnn/pv_rcnn_synthetic_kitti.py 8,4,2,1
-second configs/second/second_synthetic_kitti.py 8,4,2,1
-pointpillars configs/pointpillars/pointpillars_synthetic_kitti.py 8,4,2,1
+second configs/second/second_hv_secfpn_1xb6-acc8-80e_kitti-3d-3class.py 48,24,12,6
+pointpillars configs/pointpillars/pointpillars_hv_secfpn_1xb6-acc8-160e_kitti-3d-3class.py 48,24,12,6
 EOF
     ;;
   *) echo "unknown stage $stage"; exit 2 ;;

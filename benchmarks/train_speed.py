@@ -27,6 +27,10 @@ autotune workspaces excluded). One JSON result per run::
         --train /path/to/mmdet3d/tools/train.py --cwd /path/to/mmdetection3d \
         --config projects/BEVFusion/configs/...py --amp
 
+``--from-log LOG`` summarises a run's own ``train_speed.log`` instead of starting one
+(a run stopped after its last iteration, before this script wrote its JSON): the same
+records from the log's text, whose times mmengine rounds to 4 decimals.
+
 ``--cwd`` runs from another tree (mmdet3d's ``projects/`` import from its root, which
 then goes on ``PYTHONPATH``); ``--env K=V`` sets variables of the run (e.g.
 ``PYTHONPATH`` without spconv).
@@ -36,6 +40,7 @@ import glob
 import json
 import os
 import os.path as osp
+import re
 import statistics
 import subprocess
 import sys
@@ -73,6 +78,31 @@ def read_scalars(work_dir: str) -> List[Dict]:
         return [json.loads(line) for line in f if '"time"' in line]
 
 
+#: mmengine's text log line of a training iteration: its counter and the scalars
+_LOG_ITER = re.compile(r'(?:Iter\(train\) \[(\d+)/\d+\]|Epoch\(train\) +\[(\d+)\]\[(\d+)/(\d+)\])')
+_LOG_VALUE = re.compile(r'\b(time|data_time|memory): ([0-9.]+)')
+
+
+def read_log_records(path: str) -> List[Dict]:
+    """The per-iteration records of an mmengine text log (global iteration as ``step``)."""
+    records = []
+    with open(path, errors='replace') as f:
+        for line in f:
+            match = _LOG_ITER.search(line)
+            if not match or 'time: ' not in line:
+                continue
+            if match.group(1):
+                step = int(match.group(1))
+            else:
+                epoch, inner, length = (int(g) for g in match.group(2, 3, 4))
+                step = (epoch - 1) * length + inner
+            values = {k: float(v) for k, v in _LOG_VALUE.findall(line)}
+            records.append(dict(step=step, **values))
+    if not records:
+        raise SystemExit(f'train_speed: {path} holds no training iteration line')
+    return records
+
+
 def summarise(records: List[Dict], batch: int, warmup: int, log: int = 1) -> Dict:
     """Each record is the mean of ``log`` iterations (its window), all after warm-up
     (``warmup`` a multiple of ``log``): samples/s = batch x records / summed means."""
@@ -107,6 +137,8 @@ def main() -> None:
                         help='iterations a log line (and a window); --warmup a multiple')
     parser.add_argument('--work-dir')
     parser.add_argument('--out', required=True)
+    parser.add_argument('--from-log', metavar='LOG',
+                        help="summarise this run's train_speed.log instead of running")
     args = parser.parse_args()
     work_dir = osp.abspath(args.work_dir or osp.join(REPO, 'work_dirs', 'train_speed',
                                                      args.label))
@@ -114,6 +146,16 @@ def main() -> None:
     if args.log_interval < 1 or args.warmup % args.log_interval:
         parser.error(f'--log-interval {args.log_interval}: a positive divisor of --warmup '
                      f'{args.warmup} (each log line must cover measured iterations only)')
+    if args.from_log:
+        result = dict(label=args.label, config=args.config, train=args.train, amp=args.amp,
+                      cfg_options=args.cfg_options, env=args.env, batch=args.batch,
+                      warmup=args.warmup, source=f'log: {osp.basename(args.from_log)}',
+                      **summarise(read_log_records(args.from_log), args.batch, args.warmup,
+                                  args.log_interval))
+        with open(args.out, 'w') as f:
+            json.dump(result, f, indent=1)
+        print(json.dumps(result), flush=True)
+        return
     wrapper = write_wrapper(config, args.iters, work_dir, args.log_interval)
     cmd = [sys.executable, args.train, wrapper, '--work-dir', work_dir]
     if args.amp:

@@ -477,3 +477,34 @@ def write_json(data: Dict[str, Any], out: str) -> None:
     os.makedirs(osp.dirname(osp.abspath(out)), exist_ok=True)
     with open(out, 'w') as f:
         json.dump(data, f, indent=1)
+
+
+MARKDOWN_HEAD = ('| config | budget | batch x acc. | checkpointing | precision | samples/s '
+                 '| peak allocated / reserved | data |\n|---|---|---|---|---|---|---|---|')
+
+
+def markdown_rows(data: Dict[str, Any], link: str) -> List[str]:
+    """The docs table's rows of one data file (:func:`to_json`'s dict): one a budget."""
+    rows = []
+    for row in data['budgets']:
+        c = row['choice']
+        cells = ([f"`{data['config']}`", f"{row['budget_gib']:g} GiB"]
+                 + (['does not fit'] + [''] * 4 if c is None else [
+                     f"{c['batch_size']} x {c['accumulation']}",
+                     'on' if c['checkpointing'] else 'off', c['precision'],
+                     f"{c['samples_per_s']:.2f}",
+                     f"{c['peak_allocated_gib']:.2f} / {c['peak_reserved_gib']:.2f} GiB"])
+                 + [f'[json]({link})'])
+        rows.append('| ' + ' | '.join(cells) + ' |')
+    return rows
+
+
+def markdown_table(files: Sequence[str], docs_dir: str) -> str:
+    """The fit table of docs/auto_batch_size.md from its data files, in the given order
+    (links relative to ``docs_dir``)."""
+    lines = [MARKDOWN_HEAD]
+    for path in files:
+        with open(path) as f:
+            data = json.load(f)
+        lines += markdown_rows(data, osp.relpath(path, docs_dir).replace(os.sep, '/'))
+    return '\n'.join(lines)
