@@ -116,3 +116,21 @@ def test_lidar_iou_equals_mmdet3d_overlaps(device):
     ours, reference = lidar_iou_3d(a, b), BboxOverlaps3D(coordinate='lidar')(a, b)
     assert ours.dtype == reference.dtype and torch.equal(ours, reference)
     assert (ours > 0).any()
+
+
+def test_one_match_cost_computation_a_layer_for_the_batch(monkeypatch):
+    """The costs of a batch come from one assigner call a decoder layer, not one a
+    sample and layer (each call is some sixty small launches on a GPU)."""
+    head = _head('cpu', num_layers=2)
+    gts, feats = _inputs('cpu', seed=6)
+    calls = []
+    original = head.bbox_assigner.match_cost
+
+    def counted(*args, **kwargs):
+        calls.append(len(args[0]))
+        return original(*args, **kwargs)
+    monkeypatch.setattr(head.bbox_assigner, 'match_cost', counted)
+    with torch.no_grad():
+        preds = head(feats, [{}] * 3)[0][0]
+        batch_targets(head, copy.deepcopy(gts), preds)
+    assert calls == [3 * head.num_proposals] * 2
