@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from mmdet3d_scaling.models.bevfusion.sparse_backend import to_layout
+from tests.devices import DEVICES
 
 ROOT = Path(__file__).resolve().parents[3]
 has_spconv = importlib.util.find_spec('spconv') is not None
@@ -54,11 +55,14 @@ def _assert_same_in_layout(src: dict, dst: dict, src_layout: str, dst_layout: st
     assert convs >= 5
 
 
+@pytest.mark.parametrize('device', DEVICES)
 @pytest.mark.parametrize('model', ['second', 'basicblock', 'bevfusion'])
 @pytest.mark.parametrize('direction', ['mmcv->spconv', 'spconv->mmcv'])
-def test_checkpoint_loads_into_the_other_backend(tmp_path, model, direction):
+def test_checkpoint_loads_into_the_other_backend(tmp_path, model, direction, device):
+    """The weights in the other layout everywhere; on CUDA (``-m cuda`` selects it) also
+    the same output of both backends' encoders (mmcv's sparse conv has no CPU path)."""
     src, dst = direction.split('->')
-    cuda = torch.cuda.is_available()
+    cuda = device == 'cuda'
     saved, src_out = _side(tmp_path, src, model, 'src', forward=cuda)
     loaded, dst_out = _side(tmp_path, dst, model, 'dst', load=saved, forward=cuda)
     _assert_same_in_layout(torch.load(saved), torch.load(loaded), src, dst)
