@@ -49,11 +49,12 @@ kitti() {  # in data/kitti, where the stock configs read it; ours read data/synt
     --val-frames 8 --no-progress 2>&1 | tail -1
   [ -e data/synthetic_kitti ] || ln -s kitti data/synthetic_kitti
 }
-run() {  # LABEL PYTHONPATH [train_speed args...]
+run() {  # LABEL PYTHONPATH [train_speed args...]; the run's log is kept as $OUT/LABEL.log
   local label=$1 pp=$2; shift 2
   $SPEED --label "$label" --out "$OUT/$label.json" --iters "$ITERS" --warmup "$WARMUP" \
     --log-interval "${LOG_INTERVAL:-1}" \
     --env "PYTHONPATH=$pp" "$@" 2>&1 | tail -4  # a later --iters wins
+  cp "work_dirs/train_speed/$label/train_speed.log" "$OUT/$label.log" 2>/dev/null || true
 }
 
 for stage in "$@"; do
