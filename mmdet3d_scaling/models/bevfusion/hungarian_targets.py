@@ -34,8 +34,8 @@ class MatchCosts(NamedTuple):
     boxes: List[Tensor]  # per sample: [L*P, D] decoded proposals
     gt_boxes: List[Tensor]  # per sample: [G, D]
     gt_labels: List[Tensor]  # per sample: [G]
-    costs: List[Tensor]  # per sample and layer (sample-major): [P, G]
-    ious: List[Tensor]  # the same: [P, G]
+    costs: List[Tensor]  # per layer: [B*P, G_1 + ... + G_B], sample b's block its costs
+    ious: List[Tensor]  # the same: IoUs
 
 
 def match_costs(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -> MatchCosts:
@@ -56,47 +56,35 @@ def match_costs(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -> 
     boxes = [d['bboxes'] for d in decoded]
     gt_boxes = [g.bboxes_3d.tensor.to(b) for g, b in zip(gts, boxes)]
     gt_labels = [g.labels_3d.to(b.device) for g, b in zip(gts, boxes)]
-    slices = head.layer_slices()
     per_layer = [_batch_cost(head, [b[sl] for b in boxes], gt_boxes, gt_labels,
-                             score[..., sl]) for sl in slices]
-    costs = [per_layer[layer][0][b] for b in range(len(gts)) for layer in range(len(slices))]
-    ious = [per_layer[layer][1][b] for b in range(len(gts)) for layer in range(len(slices))]
-    return MatchCosts(boxes, gt_boxes, gt_labels, costs, ious)
+                             score[..., sl]) for sl in head.layer_slices()]
+    return MatchCosts(boxes, gt_boxes, gt_labels, [c for c, _ in per_layer],
+                      [i for _, i in per_layer])
 
 
 def _batch_cost(head, boxes: Sequence[Tensor], gt_boxes: Sequence[Tensor],
-                gt_labels: Sequence[Tensor], score: Tensor
-                ) -> Tuple[List[Tensor], List[Tensor]]:
-    """Each sample's ``[P, G]`` cost and IoU of one layer, from one computation for
-    the batch (``score``: ``[B, K, P]`` logits of that layer)."""
-    counts = [len(g) for g in gt_boxes]
-    cost = iou = None
-    if sum(counts) and sum(len(b) for b in boxes):
-        cost, iou = head.bbox_assigner.match_cost(
-            torch.cat(list(boxes)), torch.cat(list(gt_boxes)), torch.cat(list(gt_labels)),
-            torch.cat(list(score), dim=1)[None], head.train_cfg)
-    costs, ious, row, col = [], [], 0, 0
-    for b, g in zip(boxes, counts):
-        if g == 0 or len(b) == 0:  # as the per-sample call: zeros of the boxes' dtype
-            empty = b.new_zeros(len(b), g)
-            costs.append(empty)
-            ious.append(empty)
-        else:
-            costs.append(cost[row:row + len(b), col:col + g])
-            ious.append(iou[row:row + len(b), col:col + g])
-        row += len(b)
-        col += g
-    return costs, ious
+                gt_labels: Sequence[Tensor], score: Tensor) -> Tuple[Tensor, Tensor]:
+    """One layer's ``[B*P, G_1 + ... + G_B]`` cost and IoU of every proposal against
+    every sample's boxes (``score``: ``[B, K, P]`` logits of that layer)."""
+    flat = torch.cat(list(boxes))
+    gt = torch.cat(list(gt_boxes))
+    if len(flat) == 0 or len(gt) == 0:  # no matching anywhere: as the empty case
+        empty = flat.new_zeros(len(flat), len(gt))
+        return empty, empty
+    return head.bbox_assigner.match_cost(
+        flat, gt, torch.cat(list(gt_labels)), torch.cat(list(score), dim=1)[None],
+        head.train_cfg)
 
 
-def heatmap_boxes(gts: Sequence[InstanceData]) -> List[Tensor]:
-    """Per sample ``[G, 8 or 10]``: gravity centre, sizes, yaw (, velocity), label."""
-    out = []
-    for g in gts:
-        box = g.bboxes_3d
-        out.append(torch.cat([box.gravity_center, box.tensor[:, 3:],
-                              g.labels_3d[:, None].to(box.tensor)], dim=1))
-    return out
+def heatmap_boxes(gts: Sequence[InstanceData]) -> Tensor:
+    """``[G_1 + ... + G_B, 8 or 10]``: every sample's boxes as gravity centre, sizes, yaw
+    (, velocity), label, sample after sample (one computation for the batch)."""
+    first = gts[0].bboxes_3d
+    boxes = type(first)(torch.cat([g.bboxes_3d.tensor for g in gts]),
+                        box_dim=first.box_dim, with_yaw=first.with_yaw)
+    labels = torch.cat([g.labels_3d for g in gts])
+    return torch.cat([boxes.gravity_center, boxes.tensor[:, 3:],
+                      labels[:, None].to(boxes.tensor)], dim=1)
 
 
 def to_host(parts: Sequence[Tensor]) -> List[np.ndarray]:
@@ -123,27 +111,28 @@ class HostMatches(NamedTuple):
     """Where the matches put targets, as flat indices of the ``[B, L*P]`` targets."""
     pos: np.ndarray  # positive proposals, sample-major, ascending within a sample
     gt: np.ndarray  # their gt box, an index into the concatenated gt boxes
-    iou: np.ndarray  # their IoU, an index into the concatenated IoU matrices
+    iou: np.ndarray  # their IoU, an index into the layers' flattened IoU matrices
     num_pos: List[int]  # per sample
 
 
-def solve(costs: Sequence[np.ndarray], num_gts: Sequence[int], num_layers: int,
+def solve(costs: Sequence[np.ndarray], num_gts: Sequence[int],
           num_proposals: int) -> HostMatches:
-    """Hungarian matches of every (sample, layer) cost matrix, as flat target indices."""
+    """Hungarian matches of every (sample, layer) block of the layers' host cost
+    matrices (``[B*P, G_1 + ... + G_B]`` each), as flat target indices."""
     pos, gt, iou, num_pos = [], [], [], []
-    gt_offset = iou_offset = 0
+    num_layers, total = len(costs), sum(num_gts)
+    gt_offset = 0
     for b, g in enumerate(num_gts):
         count = 0
-        for layer in range(num_layers):
-            cost = costs[b * num_layers + layer]
+        rows_of_b = slice(b * num_proposals, (b + 1) * num_proposals)
+        for layer, layer_cost in enumerate(costs):
             if g and num_proposals:
-                rows, cols = solve_matching(cost)
-                start = (b * num_layers + layer) * num_proposals
-                pos.append(start + rows)
+                rows, cols = solve_matching(layer_cost[rows_of_b, gt_offset:gt_offset + g])
+                pos.append((b * num_layers + layer) * num_proposals + rows)
                 gt.append(gt_offset + cols)
-                iou.append(iou_offset + rows * g + cols)
+                iou.append(layer_cost.size * layer
+                           + (b * num_proposals + rows) * total + gt_offset + cols)
                 count += len(rows)
-            iou_offset += cost.size
         gt_offset += g
         num_pos.append(count)
 
@@ -152,10 +141,13 @@ def solve(costs: Sequence[np.ndarray], num_gts: Sequence[int], num_layers: int,
     return HostMatches(cat(pos), cat(gt), cat(iou), num_pos)
 
 
-def draw_heatmaps(head, boxes: Sequence[np.ndarray], cuda: bool) -> Tuple[Tensor, int]:
-    """``[B, K, X, Y]`` host heatmaps and their number of peaks (cells equal to 1)."""
-    maps = np.stack([head.draw_heatmap_target(torch.from_numpy(b.astype(np.float32)), cuda)
-                     for b in boxes])
+def draw_heatmaps(head, boxes: np.ndarray, num_gts: Sequence[int],
+                  cuda: bool) -> Tuple[Tensor, int]:
+    """``[B, K, X, Y]`` host heatmaps of the batch's ``heatmap_boxes`` (on the host) and
+    their number of peaks (cells equal to 1)."""
+    per_sample = np.split(boxes.astype(np.float32), np.cumsum(num_gts)[:-1])
+    maps = np.stack([head.draw_heatmap_target(torch.from_numpy(b), cuda)
+                     for b in per_sample])
     return torch.from_numpy(maps), int(np.count_nonzero(maps == 1))
 
 
@@ -210,13 +202,11 @@ def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -
         heatmap ``[B, K, X, Y]``, heatmap peaks (int).
     """
     dev = match_costs(head, gts, preds)
-    heat = heatmap_boxes(gts)
-    host = to_host(list(dev.costs) + heat)  # the one host read
-    costs, heat_host = host[:len(dev.costs)], host[len(dev.costs):]
-    matches = solve(costs, [len(g) for g in dev.gt_boxes], len(head.layer_slices()),
-                    head.num_proposals)
+    host = to_host(list(dev.costs) + [heatmap_boxes(gts)])  # the one host read
+    num_gts = [len(g) for g in dev.gt_boxes]
+    matches = solve(host[:-1], num_gts, head.num_proposals)
     device = dev.boxes[0].device
-    heatmap, peaks = draw_heatmaps(head, heat_host, cuda=device.type == 'cuda')
+    heatmap, peaks = draw_heatmaps(head, host[-1], num_gts, cuda=device.type == 'cuda')
     heatmap = to_device(heatmap, device)
     targets = scatter_targets(head, dev, matches, len(gts))
     return (*targets, sum(matches.num_pos), mean_matched_iou(targets[4], matches.num_pos),
