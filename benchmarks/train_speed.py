@@ -119,6 +119,17 @@ def summarise(records: List[Dict], batch: int, warmup: int, log: int = 1) -> Dic
                 peak_allocated_mib=max(memory) if memory else None)
 
 
+def report(args: argparse.Namespace, records: List[Dict], **extra) -> None:
+    """Write and print the run's JSON result: what ran, ``extra``, the summary."""
+    result = dict(label=args.label, config=args.config, train=args.train, amp=args.amp,
+                  cfg_options=args.cfg_options, env=args.env, batch=args.batch,
+                  warmup=args.warmup, **extra,
+                  **summarise(records, args.batch, args.warmup, args.log_interval))
+    with open(args.out, 'w') as f:
+        json.dump(result, f, indent=1)
+    print(json.dumps(result), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     parser.add_argument('--label', required=True)
@@ -147,15 +158,8 @@ def main() -> None:
         parser.error(f'--log-interval {args.log_interval}: a positive divisor of --warmup '
                      f'{args.warmup} (each log line must cover measured iterations only)')
     if args.from_log:
-        result = dict(label=args.label, config=args.config, train=args.train, amp=args.amp,
-                      cfg_options=args.cfg_options, env=args.env, batch=args.batch,
-                      warmup=args.warmup, source=f'log: {osp.basename(args.from_log)}',
-                      **summarise(read_log_records(args.from_log), args.batch, args.warmup,
-                                  args.log_interval))
-        with open(args.out, 'w') as f:
-            json.dump(result, f, indent=1)
-        print(json.dumps(result), flush=True)
-        return
+        return report(args, read_log_records(args.from_log),
+                      source=f'log: {osp.basename(args.from_log)}')
     wrapper = write_wrapper(config, args.iters, work_dir, args.log_interval)
     cmd = [sys.executable, args.train, wrapper, '--work-dir', work_dir]
     if args.amp:
@@ -173,14 +177,7 @@ def main() -> None:
         with open(log) as f:
             tail = f.read()[-3000:]
         raise SystemExit(f'train_speed {args.label}: rc {rc}\n{tail}')
-    result = dict(label=args.label, config=args.config, train=args.train, amp=args.amp,
-                  cfg_options=args.cfg_options, env=args.env, batch=args.batch,
-                  warmup=args.warmup, wall_s=round(wall, 1),
-                  **summarise(read_scalars(work_dir), args.batch, args.warmup,
-                              args.log_interval))
-    with open(args.out, 'w') as f:
-        json.dump(result, f, indent=1)
-    print(json.dumps(result), flush=True)
+    report(args, read_scalars(work_dir), wall_s=round(wall, 1))
 
 
 if __name__ == '__main__':

@@ -5,7 +5,7 @@ six a sample) with ``multiview_img_stack_batch``, which puts the image shapes in
 float CPU tensor and takes their maximum, ceiling, difference and sum with torch ops:
 in BEVFusion's train step on an H200 the ``data_preprocessor`` stage spent 9-10 ms of
 host time in that ``aten::max`` a micro-batch with the GPU idle
-(docs/data/same_call/bevfusion_step_bf16_spconv_profile.log).
+(docs/data/same_call_2026-12-03/bevfusion_step_bf16_spconv_profile.log).
 
 The patch does the same arithmetic on the Python ints of the shapes: the maximum of
 each dimension, rounded up to ``pad_size_divisor``, the channel dimensions never padded,

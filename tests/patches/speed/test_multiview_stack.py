@@ -11,8 +11,8 @@ from mmdet3d.models.data_preprocessors import Det3DDataPreprocessor
 from mmdet3d.models.data_preprocessors import data_preprocessor as preprocessor_module
 from mmdet3d_scaling.patches import patching
 from mmdet3d_scaling.patches.speed import multiview_stack as patch
+from tests.devices import DEVICES
 
-DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 SHAPES = {
     'equal (BEVFusion)': [(6, 3, 256, 704)] * 4,
     'ragged': [(6, 3, 250, 700), (6, 3, 256, 704), (6, 3, 241, 699)],
