@@ -4,7 +4,8 @@ runs under, the out-of-memory errors it survives and the cross-rank agreement.
 A trial is a few real ``train_step`` calls (forward, backward, optimizer step) with the
 device limited to a number of bytes (:meth:`MemoryProbe.limit`). Every trial starts
 from the same model / optimizer / RNG state (copied to the CPU before the search) and
-the state is put back afterwards, so a search leaves no trace in the training run.
+the state is put back afterwards, so a search leaves no trace in the training run (CUDA
+graphs a trial captured are dropped with it: :func:`~..models.cuda_graphs.release_graphs`).
 Trials run on the unwrapped model with no cross-rank communication (DDP gradient sync
 and SyncBN statistics are local), so one rank running out of memory cannot leave the
 others waiting in a collective; ranks agree on the outcome after the trials.
@@ -29,6 +30,7 @@ from torch import nn
 
 from ..engine.optim_state import (count_state, optim_wrappers, restore_count_state,
                                   step_every_call)
+from ..models.cuda_graphs import release_graphs
 from .memory_probe import MemoryProbe
 
 _OOM_MESSAGES = ('out of memory', 'CUBLAS_STATUS_ALLOC_FAILED',
@@ -229,4 +231,7 @@ class TrialSearch:
             return None  # the traceback (and the tensors its frames hold) dies here
         finally:
             self._state.restore()
+            # a graph captured for this trial's batch (and its memory pool) must not
+            # count against the next trial, nor stay for training
+            release_graphs(self.model)
             self._release()

@@ -22,12 +22,23 @@ Not bit for bit: random numbers drawn inside a graph (drop-path) come from the g
 own offsets of the generator, so a run with graphs draws other masks than one without
 (the parity tool's seed spread is the measure). Evaluation, ``no_grad`` calls, CPU
 tensors and a process group of several ranks run the modules eagerly.
+
+A capture that fails (a library call the stream capture does not allow: on the H200,
+cuBLASLt's fused bias GEMM once failed inside it) is tried once more and then leaves that
+input signature eager, with the error in the log: the run goes on, slower, never stops.
+A batch-size search captures graphs for shapes its trials try; :func:`release_graphs`
+drops them (and their memory pools) when it is done, so training captures only its own.
 """
-from typing import Dict, Sequence, Tuple
+import logging
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 from mmengine.logging import print_log
 from torch import Tensor, nn
+
+
+#: the value of a signature whose capture failed: that input runs eagerly
+_EAGER = nn.Identity()
 
 
 class ModuleChain(nn.Module):
@@ -74,14 +85,15 @@ def capture(chain: ModuleChain, x: Tensor):
     saved = [b.detach().clone() for b in chain.buffers()]
     enabled = torch.is_autocast_enabled('cuda')
     dtype = torch.get_autocast_dtype('cuda')
-    # torch records autocast's casts into the graph and needs its weight cache off
-    with torch.autocast('cuda', dtype=dtype, enabled=enabled, cache_enabled=False):
-        graphed = torch.cuda.make_graphed_callables(
-            chain, (x, ), num_warmup_iters=3, allow_unused_input=True)
-    with torch.no_grad():
-        for buffer, value in zip(chain.buffers(), saved):
-            buffer.copy_(value)
-    return graphed
+    try:
+        # torch records autocast's casts into the graph and needs its weight cache off
+        with torch.autocast('cuda', dtype=dtype, enabled=enabled, cache_enabled=False):
+            return torch.cuda.make_graphed_callables(
+                chain, (x, ), num_warmup_iters=3, allow_unused_input=True)
+    finally:  # also after a failed capture: its warm-up ran the chain eagerly
+        with torch.no_grad():
+            for buffer, value in zip(chain.buffers(), saved):
+                buffer.copy_(value)
 
 
 def several_ranks() -> bool:
@@ -118,17 +130,43 @@ class CudaGraphCache:
         key = (name, signature(x))
         chain = self.graphs.get(key)
         if chain is None:
-            if sum(k[0] == name for k in self.graphs) >= self.max_graphs:
+            if sum(k[0] == name and v is not _EAGER
+                   for k, v in self.graphs.items()) >= self.max_graphs:
                 self._say(name, f'CUDA graphs: {name} input {tuple(x.shape)} is a new '
                           f'shape beyond max_graphs={self.max_graphs}; it runs eagerly.')
                 return ModuleChain(modules)(x)
             chain = self._capture(key, modules, x)
+            if chain is None:  # the capture failed (said in the log): eager for good
+                return ModuleChain(modules)(x)
+        elif chain is _EAGER:
+            return ModuleChain(modules)(x)
         allocate_missing_grads(list(chain.parameters()))
         return chain(x)
 
-    def _capture(self, key: tuple, modules: Sequence[nn.Module], x: Tensor) -> nn.Module:
+    def clear(self) -> None:
+        """Drop every captured graph (their memory pools go with them)."""
+        self.graphs.clear()
+
+    def _capture(self, key: tuple, modules: Sequence[nn.Module],
+                 x: Tensor) -> Optional[nn.Module]:
         before = torch.cuda.memory_reserved(x.device)
-        chain = capture(ModuleChain(modules), x)
+        chain, errors = None, []
+        for _ in range(2):  # a first capture can fail where a second one does not
+            try:
+                chain = capture(ModuleChain(modules), x)
+                break
+            except RuntimeError as err:  # torch.AcceleratorError is one
+                errors.append(f'{type(err).__name__}: {str(err).splitlines()[0]}')
+                torch.cuda.synchronize(x.device)
+        if chain is None:
+            self.graphs[key] = _EAGER
+            print_log(f'CUDA graphs: capturing {key[0]} for input {tuple(x.shape)} failed '
+                      f'twice ({errors[-1]}); it runs eagerly for this input.',
+                      logger='current', level=logging.WARNING)
+            return None
+        if errors:
+            print_log(f'CUDA graphs: the first capture of {key[0]} failed ({errors[0]}); '
+                      'the second one worked.', logger='current')
         grown = (torch.cuda.memory_reserved(x.device) - before) / 2**30
         print_log(f'CUDA graphs: captured {key[0]} (forward + backward) for input '
                   f'{tuple(x.shape)} {str(x.dtype).replace("torch.", "")}; reserved '
@@ -142,4 +180,16 @@ class CudaGraphCache:
             print_log(message, logger='current')
 
 
-__all__ = ['CudaGraphCache', 'ModuleChain', 'allocate_missing_grads']
+def release_graphs(model: nn.Module) -> int:
+    """Clear the :class:`CudaGraphCache` of ``model`` and its modules; how many graphs
+    were dropped (their memory is returned to the allocator's cache)."""
+    dropped = 0
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, CudaGraphCache):
+                dropped += sum(v is not _EAGER for v in value.graphs.values())
+                value.clear()
+    return dropped
+
+
+__all__ = ['CudaGraphCache', 'ModuleChain', 'allocate_missing_grads', 'release_graphs']

@@ -11,7 +11,8 @@ import torch
 from mmengine.logging import MMLogger
 from mmdet3d.registry import MODELS
 
-from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache, ModuleChain
+from mmdet3d_scaling.batch_size.checkpoint_switch import CheckpointSwitch
+from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache, ModuleChain, release_graphs
 
 from .bevfusion.common import build, tiny_model_cfg
 
@@ -41,24 +42,51 @@ def test_unknown_chain_is_an_error():
         build(_camera_cfg(cuda_graphs=['img_head']))
 
 
-@pytest.mark.parametrize('change,why', [
-    (dict(checkpoint_modules=['img_backbone']), 'checkpointed'),
-    (dict(), 'no camera branch'),
-])
-def test_a_chain_that_cannot_be_graphed_runs_eagerly_and_says_why(change, why):
-    cfg = _camera_cfg(cuda_graphs=['img_encoder'], **change) if change else \
-        dict(tiny_model_cfg(), cuda_graphs=['img_encoder'])
+def _build_logged(cfg):
     lines = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
     logger = MMLogger.get_current_instance()
     logger.addHandler(handler)
     try:
-        model = build(cfg)
+        return build(cfg), lines
     finally:
         logger.removeHandler(handler)
+
+
+def test_a_model_without_camera_runs_eagerly_and_says_why():
+    model, lines = _build_logged(dict(tiny_model_cfg(), cuda_graphs=['img_encoder']))
     assert model.cuda_graphs == ()
-    assert any(why in line and 'runs eagerly' in line for line in lines), lines
+    assert any('no camera branch' in line and 'runs eagerly' in line for line in lines)
+
+
+@pytest.mark.parametrize('change', [
+    dict(checkpoint_modules=['img_backbone']),
+    dict(with_cp=True),  # the Swin blocks' own flag
+])
+def test_a_checkpointed_chain_runs_eagerly_while_checkpointing_is_on(change):
+    cfg = _camera_cfg(cuda_graphs=['img_encoder'])
+    if 'with_cp' in change:
+        cfg['img_backbone']['with_cp'] = True
+    else:
+        cfg.update(change)
+    model, lines = _build_logged(cfg)
+    assert model.cuda_graphs == ('img_encoder', )
+    assert any('runs eagerly while' in line for line in lines), lines
+    assert not model.runs_as_graph('img_encoder')
+    # the fastest fit's variant without checkpointing: the chain is a graph again
+    switch = CheckpointSwitch(model)
+    switch.set(False)
+    assert model.runs_as_graph('img_encoder')
+    switch.set(True)
+    assert not model.runs_as_graph('img_encoder')
+
+
+def test_release_graphs_empties_every_cache_of_a_model():
+    model = build(_camera_cfg(cuda_graphs=['img_encoder']))
+    model._graph_cache.graphs[('img_encoder', ())] = torch.nn.Identity()
+    assert release_graphs(model) == 1
+    assert model._graph_cache.graphs == {} and release_graphs(model) == 0
 
 
 def test_cpu_calls_run_eagerly():
@@ -135,3 +163,36 @@ def test_new_shapes_beyond_the_limit_run_eagerly():
         out = cache.run('enc', modules, x)
         sum(o.sum() for o in out).backward()
     assert len(cache.graphs) == 1
+
+
+class _HostRead(torch.nn.Module):
+    """A module a stream capture cannot record (it reads a value on the host)."""
+
+    def forward(self, x):
+        return x * float(x.sum())
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_capture_that_fails_leaves_the_input_eager_and_training_goes_on():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 8).cuda()
+    modules = [linear, _HostRead()]
+    cache = CudaGraphCache()
+    x = torch.randn(4, 8, device='cuda')
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logger = MMLogger.get_current_instance()
+    logger.addHandler(handler)
+    try:
+        for _ in range(2):
+            out = cache.run('chain', modules, x)
+            out[0].sum().backward()
+    finally:
+        logger.removeHandler(handler)
+    expected = ModuleChain(modules)(x)[0]
+    torch.testing.assert_close(out[0], expected)
+    assert any('failed twice' in line for line in lines), lines
+    assert release_graphs(torch.nn.Module()) == 0
+    assert list(cache.graphs.values())[0] is not None  # marked eager, not retried

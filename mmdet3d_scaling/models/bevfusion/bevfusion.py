@@ -68,9 +68,10 @@ class BEVFusion(Base3DDetector):
         cuda_graphs (sequence[str]): chains run as CUDA graphs in training (forward
             and backward, one graph per input shape, see
             :mod:`mmdet3d_scaling.models.cuda_graphs`): 'img_encoder' (image backbone
-            + neck at the fixed image size). A chain with a checkpointed module
-            (``checkpoint_modules`` or the module's ``with_cp``) runs eagerly, and
-            the start-up line says so. Defaults to () (none).
+            + neck at the fixed image size). A chain runs eagerly while a module of
+            it is checkpointed (``checkpoint_modules`` or a submodule's ``with_cp``,
+            read at every call: the fastest fit switches checkpointing off and on),
+            and the start-up line says so. Defaults to () (none).
         init_cfg (dict, optional): init config.
     """
 
@@ -119,7 +120,8 @@ class BEVFusion(Base3DDetector):
                              f'{sorted(unknown)} not in {CHECKPOINTABLE}.')
         self.checkpoint_modules = tuple(checkpoint_modules)
         self.view_transform_fp32 = view_transform_fp32
-        self.cuda_graphs = self._graphed_chains(cuda_graphs, img_backbone, img_neck)
+        self._with_cp_modules: Dict[str, tuple] = {}
+        self.cuda_graphs = self._graphed_chains(cuda_graphs)
         self._graph_cache = CudaGraphCache()
 
     # ------------------------------------------------------------------ config
@@ -157,34 +159,46 @@ class BEVFusion(Base3DDetector):
                              'img_backbone, img_neck and view_transform together, or '
                              'none of them for LiDAR-only.')
 
-    def _graphed_chains(self, names: Sequence[str], *module_cfgs) -> Tuple[str, ...]:
-        """The chains of ``cuda_graphs`` that will run as graphs (said at start)."""
+    def _graphed_chains(self, names: Sequence[str]) -> Tuple[str, ...]:
+        """The chains of ``cuda_graphs`` this model has (said at start)."""
         names = tuple(names)
         unknown = set(names) - set(GRAPHABLE)
         if unknown:
             raise ValueError(f'cuda_graphs={list(names)}: {sorted(unknown)} not in '
                              f'{sorted(GRAPHABLE)}.')
-        if not names:
-            return ()
         kept = []
-        with_cp = any((c or {}).get('with_cp') for c in module_cfgs)
         for name in names:
-            parts = GRAPHABLE[name]
-            if getattr(self, parts[0]) is None:
-                why = 'the model has no camera branch'
-            elif set(parts) & set(self.checkpoint_modules) or with_cp:
-                why = ('a module of it is checkpointed (checkpoint_modules / with_cp); '
-                       'checkpointing frees activations a graph would keep')
-            else:
-                kept.append(name)
+            if getattr(self, GRAPHABLE[name][0]) is None:
+                print_log(f'BEVFusion: cuda_graphs {name!r} runs eagerly: the model has '
+                          'no camera branch.', logger='current')
                 continue
-            print_log(f'BEVFusion: cuda_graphs {name!r} runs eagerly: {why}.',
-                      logger='current')
+            kept.append(name)
+            if self._checkpointed(name):
+                print_log(f'BEVFusion: cuda_graphs {name!r} runs eagerly while a module '
+                          'of it is checkpointed (checkpoint_modules / with_cp): '
+                          'checkpointing frees activations a graph would keep.',
+                          logger='current')
         if kept:
             print_log(f'BEVFusion: CUDA graphs in training for {kept} (model.cuda_graphs):'
                       ' captured at the first training step of each input shape.',
                       logger='current')
         return tuple(kept)
+
+    def _checkpointed(self, name: str) -> bool:
+        """Whether a module of chain ``name`` is checkpointed now."""
+        parts = GRAPHABLE[name]
+        if set(parts) & set(self.checkpoint_modules):
+            return True
+        if name not in self._with_cp_modules:  # modules that have the flag, once
+            self._with_cp_modules[name] = tuple(
+                m for part in parts for m in getattr(self, part).modules()
+                if isinstance(getattr(m, 'with_cp', None), bool))
+        return any(m.with_cp for m in self._with_cp_modules[name])
+
+    def runs_as_graph(self, name: str) -> bool:
+        """Whether chain ``name`` runs as a CUDA graph in a training call now (on a
+        CUDA input, one process)."""
+        return name in self.cuda_graphs and not self._checkpointed(name)
 
     def init_weights(self) -> None:
         """As upstream: only the image backbone (pretrained weights) is initialised
@@ -217,7 +231,7 @@ class BEVFusion(Base3DDetector):
         """Camera BEV map from ``imgs`` ``[B, N, C, H, W]``."""
         batch, views = imgs.shape[:2]
         x = imgs.flatten(0, 1).contiguous()
-        if 'img_encoder' in self.cuda_graphs and self._graph_cache.applies(x, self.training):
+        if self._graph_cache.applies(x, self.training) and self.runs_as_graph('img_encoder'):
             x = self._graph_cache.run('img_encoder', (self.img_backbone, self.img_neck), x)
         else:
             x = self._run('img_neck', self._run('img_backbone', x))
