@@ -12,7 +12,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 import torch
 
-from mmengine.registry import init_default_scope
+from mmengine.registry import DefaultScope, init_default_scope
 
 import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
@@ -117,7 +117,9 @@ def tiny_model_cfg(sparse_backend: str = 'auto', **head_kwargs) -> dict:
 
 
 def build(cfg: dict):
-    return MODELS.build(copy.deepcopy(cfg))
+    """The model of ``cfg`` in mmdet3d's scope, whatever scope an earlier test left."""
+    with DefaultScope.overwrite_default_scope('mmdet3d'):
+        return MODELS.build(copy.deepcopy(cfg))
 
 
 def toy_boxes(rng: np.random.Generator, n: int = 4) -> Tuple[np.ndarray, np.ndarray]:
