@@ -167,7 +167,7 @@ for stage in "$@"; do
         || tail -5 "$OUT/fit_table_$name.txt"
     done <<EOF
 bevfusion_lc configs/bevfusion_1gpu.py 8,4,2,1 $NO_HUB
-bevfusion_l $LIDAR 16,8,4,2,1
+bevfusion_l $LIDAR 8,4,2,1
 pv_rcnn configs/pv_rcnn/pv_rcnn_synthetic_kitti.py 8,4,2,1
 second configs/second/second_hv_secfpn_1xb6-acc8-80e_kitti-3d-3class.py 48,24,12,6
 pointpillars configs/pointpillars/pointpillars_hv_secfpn_1xb6-acc8-160e_kitti-3d-3class.py 48,24,12,6
