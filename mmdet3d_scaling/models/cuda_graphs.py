@@ -23,22 +23,20 @@ own offsets of the generator, so a run with graphs draws other masks than one wi
 (the parity tool's seed spread is the measure). Evaluation, ``no_grad`` calls, CPU
 tensors and a process group of several ranks run the modules eagerly.
 
-A capture that fails (a library call the stream capture does not allow: on the H200,
-cuBLASLt's fused bias GEMM once failed inside it) is tried once more and then leaves that
-input signature eager, with the error in the log: the run goes on, slower, never stops.
+A capture that fails (a call the stream capture does not allow; on the H200 cuBLASLt's
+fused bias GEMM failed inside it once:
+docs/data/same_call_2026-12-04b/bevfusion_b4_spconv_profile.log) stops the run with an error
+that names the chain, the input and the way out (``model.cuda_graphs=[]``). It is not
+retried nor run eagerly: a failed capture leaves the CUDA generator in capture mode, and
+the next random draw on the GPU fails (measured on the H200).
 A batch-size search captures graphs for shapes its trials try; :func:`release_graphs`
 drops them (and their memory pools) when it is done, so training captures only its own.
 """
-import logging
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 from mmengine.logging import print_log
 from torch import Tensor, nn
-
-
-#: the value of a signature whose capture failed: that input runs eagerly
-_EAGER = nn.Identity()
 
 
 class ModuleChain(nn.Module):
@@ -130,16 +128,11 @@ class CudaGraphCache:
         key = (name, signature(x))
         chain = self.graphs.get(key)
         if chain is None:
-            if sum(k[0] == name and v is not _EAGER
-                   for k, v in self.graphs.items()) >= self.max_graphs:
+            if sum(k[0] == name for k in self.graphs) >= self.max_graphs:
                 self._say(name, f'CUDA graphs: {name} input {tuple(x.shape)} is a new '
                           f'shape beyond max_graphs={self.max_graphs}; it runs eagerly.')
                 return ModuleChain(modules)(x)
             chain = self._capture(key, modules, x)
-            if chain is None:  # the capture failed (said in the log): eager for good
-                return ModuleChain(modules)(x)
-        elif chain is _EAGER:
-            return ModuleChain(modules)(x)
         allocate_missing_grads(list(chain.parameters()))
         return chain(x)
 
@@ -147,26 +140,17 @@ class CudaGraphCache:
         """Drop every captured graph (their memory pools go with them)."""
         self.graphs.clear()
 
-    def _capture(self, key: tuple, modules: Sequence[nn.Module],
-                 x: Tensor) -> Optional[nn.Module]:
+    def _capture(self, key: tuple, modules: Sequence[nn.Module], x: Tensor) -> nn.Module:
         before = torch.cuda.memory_reserved(x.device)
-        chain, errors = None, []
-        for _ in range(2):  # a first capture can fail where a second one does not
-            try:
-                chain = capture(ModuleChain(modules), x)
-                break
-            except RuntimeError as err:  # torch.AcceleratorError is one
-                errors.append(f'{type(err).__name__}: {str(err).splitlines()[0]}')
-                torch.cuda.synchronize(x.device)
-        if chain is None:
-            self.graphs[key] = _EAGER
-            print_log(f'CUDA graphs: capturing {key[0]} for input {tuple(x.shape)} failed '
-                      f'twice ({errors[-1]}); it runs eagerly for this input.',
-                      logger='current', level=logging.WARNING)
-            return None
-        if errors:
-            print_log(f'CUDA graphs: the first capture of {key[0]} failed ({errors[0]}); '
-                      'the second one worked.', logger='current')
+        try:
+            chain = capture(ModuleChain(modules), x)
+        except RuntimeError as err:  # torch.AcceleratorError is one
+            raise RuntimeError(
+                f'CUDA graphs: capturing {key[0]} (forward + backward) for input '
+                f'{tuple(x.shape)} failed: {type(err).__name__}: '
+                f'{str(err).splitlines()[0]}. Train it eagerly with --cfg-options '
+                'model.cuda_graphs=[] (the capture cannot be undone in this process, '
+                'so it is not retried).') from err
         grown = (torch.cuda.memory_reserved(x.device) - before) / 2**30
         print_log(f'CUDA graphs: captured {key[0]} (forward + backward) for input '
                   f'{tuple(x.shape)} {str(x.dtype).replace("torch.", "")}; reserved '
@@ -187,7 +171,7 @@ def release_graphs(model: nn.Module) -> int:
     for module in model.modules():
         for value in vars(module).values():
             if isinstance(value, CudaGraphCache):
-                dropped += sum(v is not _EAGER for v in value.graphs.values())
+                dropped += len(value.graphs)
                 value.clear()
     return dropped
 

@@ -165,34 +165,32 @@ def test_new_shapes_beyond_the_limit_run_eagerly():
     assert len(cache.graphs) == 1
 
 
-class _HostRead(torch.nn.Module):
-    """A module a stream capture cannot record (it reads a value on the host)."""
+_FAILING_CAPTURE = """
+import torch
+from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache
 
+class HostRead(torch.nn.Module):  # a module a stream capture cannot record
     def forward(self, x):
         return x * float(x.sum())
+
+x = torch.randn(4, 8, device='cuda')
+try:
+    CudaGraphCache().run('chain', [torch.nn.Linear(8, 8).cuda(), HostRead()], x)
+except RuntimeError as err:
+    print(err)
+"""
 
 
 @pytest.mark.cuda
 @cuda
-def test_a_capture_that_fails_leaves_the_input_eager_and_training_goes_on():
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(8, 8).cuda()
-    modules = [linear, _HostRead()]
-    cache = CudaGraphCache()
-    x = torch.randn(4, 8, device='cuda')
-    lines = []
-    handler = logging.Handler()
-    handler.emit = lambda record: lines.append(record.getMessage())
-    logger = MMLogger.get_current_instance()
-    logger.addHandler(handler)
-    try:
-        for _ in range(2):
-            out = cache.run('chain', modules, x)
-            out[0].sum().backward()
-    finally:
-        logger.removeHandler(handler)
-    expected = ModuleChain(modules)(x)[0]
-    torch.testing.assert_close(out[0], expected)
-    assert any('failed twice' in line for line in lines), lines
-    assert release_graphs(torch.nn.Module()) == 0
-    assert list(cache.graphs.values())[0] is not None  # marked eager, not retried
+def test_a_capture_that_fails_is_an_error_that_names_the_way_out():
+    # in a process of its own: a failed capture leaves the CUDA generator in capture
+    # mode, which would break the random draws of the tests after it
+    import subprocess
+    import sys
+    from pathlib import Path
+    out = subprocess.run([sys.executable, '-c', _FAILING_CAPTURE], capture_output=True,
+                         text=True, timeout=300, cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert 'capturing chain' in out.stdout and 'input (4, 8) failed' in out.stdout
+    assert 'model.cuda_graphs=[]' in out.stdout
