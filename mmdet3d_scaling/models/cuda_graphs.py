@@ -25,7 +25,7 @@ tensors and a process group of several ranks run the modules eagerly.
 
 A capture that fails (a call the stream capture does not allow; on the H200 cuBLASLt's
 fused bias GEMM failed inside it once:
-docs/data/same_call_2026-12-04b/bevfusion_b4_spconv_profile.log) stops the run with an error
+docs/data/same_call/bevfusion_b4_spconv_profile.log) stops the run with an error
 that names the chain, the input and the way out (``model.cuda_graphs=[]``). It is not
 retried nor run eagerly: a failed capture leaves the CUDA generator in capture mode, and
 the next random draw on the GPU fails (measured on the H200).
