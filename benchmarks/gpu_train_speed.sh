@@ -16,9 +16,14 @@
 # 1 (a divisor of WARMUP; 5 measures async_logging as configs log);
 # STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
+# CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
+# more than 80 s on the H200).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 #         fit_table
+#         cuda_tests (every `-m cuda` test, without spconv and with it)
+#         pack (last: every .log / .txt under $OUT into one logs.tgz, since a device call
+#         returns at most 8 files; the JSONs stay as they are)
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -69,6 +74,18 @@ for stage in "$@"; do
         > "$OUT/cuda_tests_$side.txt" 2>&1
       echo "[tests $side]" $(tail -1 "$OUT/cuda_tests_$side.txt")
     done
+    ;;
+  cuda_tests)  # the whole CUDA tier, both backends; a summary line each
+    for side in mmcv spconv; do
+      pp=$NOSP; [ $side = spconv ] && pp=$SP
+      PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-200}" python -m pytest -q \
+        -p no:cacheprovider -m cuda -n 8 tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
+      echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
+    done
+    ;;
+  pack)
+    (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null) && [ -n "$files" ] \
+      && tar czf logs.tgz $files && rm -f $files && echo "[pack] logs.tgz:" $files)
     ;;
   data) nuscenes; kitti ;;
   encoders)
