@@ -23,16 +23,29 @@ own offsets of the generator, so a run with graphs draws other masks than one wi
 (the parity tool's seed spread is the measure). Evaluation, ``no_grad`` calls, CPU
 tensors and a process group of several ranks run the modules eagerly.
 
-A capture that fails (a call the stream capture does not allow; on the H200 cuBLASLt's
-fused bias GEMM failed inside it once:
-docs/data/same_call/bevfusion_b4_spconv_profile.log) stops the run with an error
-that names the chain, the input and the way out (``model.cuda_graphs=[]``). It is not
-retried nor run eagerly: a failed capture leaves the CUDA generator in capture mode, and
-the next random draw on the GPU fails (measured on the H200).
+Captures run in CUDA's ``thread_local`` capture mode. torch's ``make_graphed_callables``
+captures in ``global`` mode, where a CUDA call of any other thread invalidates the
+capture. The training DataLoader's pin-memory thread makes such calls (``cudaHostAlloc``
+while it pins the next batches, most of all in the first iterations, when captures
+happen). On the H200 one first-step capture of five failed with the error such a race
+gives (docs/data/same_call/bevfusion_b4_spconv_profile.log: "operation failed due to a
+previous error during capture", cuBLASLt's call being the first to meet the invalidated
+capture); the race is the reported cause of that error (e.g. LibreYOLO/libreyolo#681).
+``thread_local`` restricts only the capturing thread, as torch's documentation of
+``capture_error_mode`` describes; the capture is the same. torch 2.11 - 2.13's ``make_graphed_callables``
+has no argument for it, so :func:`capture` gives it a ``torch.cuda.graph`` that
+defaults to ``thread_local`` for the length of the call (:func:`thread_local_capture`).
+
+A capture that still fails stops the run with an error that names the chain, the input
+and the way out (``model.cuda_graphs=[]``). It is not retried nor run eagerly: a failed
+capture leaves the CUDA generator in capture mode, and the next random draw on the GPU
+fails (measured on the H200).
 A batch-size search captures graphs for shapes its trials try; :func:`release_graphs`
 drops them (and their memory pools) when it is done, so training captures only its own.
 """
-from typing import Dict, Sequence, Tuple
+import contextlib
+import inspect
+from typing import Dict, Iterator, Sequence, Tuple
 
 import torch
 from mmengine.logging import print_log
@@ -78,16 +91,52 @@ def allocate_missing_grads(params: Sequence[nn.Parameter]) -> None:
         start += p.numel()
 
 
+CAPTURE_MODE = 'thread_local'
+
+
+@contextlib.contextmanager
+def thread_local_capture() -> Iterator[None]:
+    """``torch.cuda.graph`` capturing in ``thread_local`` mode unless told otherwise,
+    for the block (what ``make_graphed_callables`` looks up at its call); restored
+    after. A no-op where ``make_graphed_callables`` takes ``capture_error_mode``."""
+    if 'capture_error_mode' in inspect.signature(
+            torch.cuda.make_graphed_callables).parameters:
+        yield
+        return
+    original = torch.cuda.graph
+
+    class graph(original):  # noqa: N801 (torch's name)
+        def __init__(self, *args, **kwargs):
+            if len(args) < 4:  # (cuda_graph, pool, stream, capture_error_mode, ...)
+                kwargs.setdefault('capture_error_mode', CAPTURE_MODE)
+            super().__init__(*args, **kwargs)
+
+    torch.cuda.graph = graph
+    try:
+        yield
+    finally:
+        torch.cuda.graph = original
+
+
+def _make_graphed(chain: ModuleChain, x: Tensor):
+    kwargs = dict(num_warmup_iters=3, allow_unused_input=True)
+    if 'capture_error_mode' in inspect.signature(
+            torch.cuda.make_graphed_callables).parameters:
+        kwargs['capture_error_mode'] = CAPTURE_MODE
+    with thread_local_capture():
+        return torch.cuda.make_graphed_callables(chain, (x, ), **kwargs)
+
+
 def capture(chain: ModuleChain, x: Tensor):
-    """``make_graphed_callables`` of ``chain`` for ``x``, buffers restored after."""
+    """``make_graphed_callables`` of ``chain`` for ``x`` in ``thread_local`` capture
+    mode, buffers restored after."""
     saved = [b.detach().clone() for b in chain.buffers()]
     enabled = torch.is_autocast_enabled('cuda')
     dtype = torch.get_autocast_dtype('cuda')
     try:
         # torch records autocast's casts into the graph and needs its weight cache off
         with torch.autocast('cuda', dtype=dtype, enabled=enabled, cache_enabled=False):
-            return torch.cuda.make_graphed_callables(
-                chain, (x, ), num_warmup_iters=3, allow_unused_input=True)
+            return _make_graphed(chain, x)
     finally:  # also after a failed capture: its warm-up ran the chain eagerly
         with torch.no_grad():
             for buffer, value in zip(chain.buffers(), saved):

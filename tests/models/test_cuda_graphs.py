@@ -12,6 +12,7 @@ from mmengine.logging import MMLogger
 from mmdet3d.registry import MODELS
 
 from mmdet3d_scaling.batch_size.checkpoint_switch import CheckpointSwitch
+from mmdet3d_scaling.models import cuda_graphs
 from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache, ModuleChain, release_graphs
 
 from .bevfusion.common import build, tiny_model_cfg
@@ -194,3 +195,46 @@ def test_a_capture_that_fails_is_an_error_that_names_the_way_out():
     assert out.returncode == 0, out.stderr[-2000:]
     assert 'capturing chain' in out.stdout and 'input (4, 8) failed' in out.stdout
     assert 'model.cuda_graphs=[]' in out.stdout
+
+
+def test_captures_see_a_thread_local_torch_cuda_graph_for_the_call_only():
+    import inspect
+    original = torch.cuda.graph
+    with cuda_graphs.thread_local_capture():
+        inside = torch.cuda.graph
+    assert torch.cuda.graph is original
+    if 'capture_error_mode' in inspect.signature(
+            torch.cuda.make_graphed_callables).parameters:
+        assert inside is original  # torch takes the mode as an argument
+    else:
+        assert inside is not original and issubclass(inside, original)
+
+
+@pytest.mark.cuda
+@cuda
+def test_a_capture_succeeds_while_another_thread_pins_memory():
+    """The training DataLoader's pin-memory thread allocates pinned memory while the
+    first step captures; in torch's default (global) capture mode that call invalidates
+    the capture."""
+    import threading
+    stop = threading.Event()
+
+    def pin():
+        size = 1
+        while not stop.is_set():  # new sizes: cudaHostAlloc, not the host cache
+            torch.empty(size * 4096 + 1, pin_memory=True)
+            size += 1
+
+    thread = threading.Thread(target=pin, daemon=True)
+    thread.start()
+    try:
+        for n in (2, 3):  # two captures, one graph each
+            modules = _encoder()
+            cache = CudaGraphCache()
+            out = cache.run('enc', modules, torch.randn(n, 3, 64, 176, device='cuda'))
+            sum(o.float().sum() for o in out).backward()
+            assert len(cache.graphs) == 1
+    finally:
+        stop.set()
+        thread.join()
+    assert torch.cuda.graph is torch.cuda.graphs.graph
