@@ -27,14 +27,15 @@ Captures run in CUDA's ``thread_local`` capture mode. torch's ``make_graphed_cal
 captures in ``global`` mode, where a CUDA call of any other thread invalidates the
 capture. The training DataLoader's pin-memory thread makes such calls (``cudaHostAlloc``
 while it pins the next batches, most of all in the first iterations, when captures
-happen). On the H200 one first-step capture of five failed with the error such a race
-gives (docs/data/same_call/bevfusion_b4_spconv_profile.log: "operation failed due to a
-previous error during capture", cuBLASLt's call being the first to meet the invalidated
-capture); the race is the reported cause of that error (e.g. LibreYOLO/libreyolo#681).
-``thread_local`` restricts only the capturing thread, as torch's documentation of
-``capture_error_mode`` describes; the capture is the same. torch 2.11 - 2.13's ``make_graphed_callables``
-has no argument for it, so :func:`capture` gives it a ``torch.cuda.graph`` that
-defaults to ``thread_local`` for the length of the call (:func:`thread_local_capture`).
+happen). On the H200 one first-step capture (of the five runs of 2026-12-04) failed
+with the error such a race gives (docs/data/same_call/bevfusion_b4_spconv_profile.log:
+"operation failed due to a previous error during capture", cuBLASLt's call being the
+first to meet the invalidated capture); the race is the reported cause of that error
+(e.g. LibreYOLO/libreyolo#681). ``thread_local`` restricts only the capturing thread,
+as torch's documentation of ``capture_error_mode`` describes; the capture is the same.
+torch 2.11 - 2.13's ``make_graphed_callables`` has no argument for it, so
+:func:`capture` gives it a ``torch.cuda.graph`` that defaults to ``thread_local`` for
+the length of the call (:func:`thread_local_capture`).
 
 A capture that still fails stops the run with an error that names the chain, the input
 and the way out (``model.cuda_graphs=[]``). It is not retried nor run eagerly: a failed
