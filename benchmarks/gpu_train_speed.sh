@@ -84,7 +84,7 @@ for stage in "$@"; do
     done
     ;;
   pack)
-    (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null) && [ -n "$files" ] \
+    (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null || true) && [ -n "$files" ] \
       && tar czf logs.tgz $files && rm -f $files && echo "[pack] logs.tgz:" $files)
     ;;
   data) nuscenes; kitti ;;
