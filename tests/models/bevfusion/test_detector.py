@@ -5,6 +5,7 @@ import os.path as osp
 
 import pytest
 import torch
+from mmengine.registry import DefaultScope
 from mmengine.config import Config
 from mmengine.optim import OptimWrapper
 
@@ -70,7 +71,8 @@ def test_batch_of_one_and_empty_frame():
 def test_config_is_not_modified_by_build():
     cfg = tiny_model_cfg()
     snapshot = copy.deepcopy(cfg)
-    MODELS.build(cfg)
+    with DefaultScope.overwrite_default_scope('mmdet3d'):  # whatever an earlier test left
+        MODELS.build(cfg)
     assert cfg == snapshot  # voxelize_cfg taken from a copy: the config builds twice
 
 
