@@ -41,6 +41,7 @@ A capture that still fails stops the run with an error that names the chain, the
 and the way out (``model.cuda_graphs=[]``). It is not retried nor run eagerly: a failed
 capture leaves the CUDA generator in capture mode, and the next random draw on the GPU
 fails (measured on the H200).
+
 A batch-size search captures graphs for shapes its trials try; :func:`release_graphs`
 drops them (and their memory pools) when it is done, so training captures only its own.
 """
@@ -95,13 +96,18 @@ def allocate_missing_grads(params: Sequence[nn.Parameter]) -> None:
 CAPTURE_MODE = 'thread_local'
 
 
+def _takes_capture_mode() -> bool:
+    """Whether this torch's ``make_graphed_callables`` has ``capture_error_mode``."""
+    return 'capture_error_mode' in inspect.signature(
+        torch.cuda.make_graphed_callables).parameters
+
+
 @contextlib.contextmanager
 def thread_local_capture() -> Iterator[None]:
     """``torch.cuda.graph`` capturing in ``thread_local`` mode unless told otherwise,
     for the block (what ``make_graphed_callables`` looks up at its call); restored
     after. A no-op where ``make_graphed_callables`` takes ``capture_error_mode``."""
-    if 'capture_error_mode' in inspect.signature(
-            torch.cuda.make_graphed_callables).parameters:
+    if _takes_capture_mode():
         yield
         return
     original = torch.cuda.graph
@@ -121,8 +127,7 @@ def thread_local_capture() -> Iterator[None]:
 
 def _make_graphed(chain: ModuleChain, x: Tensor):
     kwargs = dict(num_warmup_iters=3, allow_unused_input=True)
-    if 'capture_error_mode' in inspect.signature(
-            torch.cuda.make_graphed_callables).parameters:
+    if _takes_capture_mode():
         kwargs['capture_error_mode'] = CAPTURE_MODE
     with thread_local_capture():
         return torch.cuda.make_graphed_callables(chain, (x, ), **kwargs)
