@@ -22,8 +22,8 @@
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 #         fit_table
 #         cuda_tests (every `-m cuda` test, without spconv and with it)
-#         pack (last: every .log / .txt under $OUT into one logs.tgz, since a device call
-#         returns at most 8 files; the JSONs stay as they are)
+#         pack (last: every .log / .txt under $OUT into one new logs[_N].tgz, removed once
+#         archived, since a device call returns at most 8 files; the JSONs stay)
 set -uo pipefail
 OUT=${OUT:-bench_out}; mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
@@ -83,9 +83,10 @@ for stage in "$@"; do
       echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
     done
     ;;
-  pack)
-    (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null || true) && [ -n "$files" ] \
-      && tar czf logs.tgz $files && rm -f $files && echo "[pack] logs.tgz:" $files)
+  pack)  # a new archive each time (logs.tgz, logs_2.tgz, ...): an earlier one is kept
+    (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null || true) && [ -n "$files" ] || exit 0
+     tgz=logs.tgz; n=2; while [ -e "$tgz" ]; do tgz=logs_$n.tgz; n=$((n + 1)); done
+     tar czf "$tgz" $files && rm -f $files && echo "[pack] $tgz:" $files)
     ;;
   data) nuscenes; kitti ;;
   encoders)
