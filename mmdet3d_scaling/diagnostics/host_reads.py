@@ -17,7 +17,7 @@ plugin's CPU twins of CUDA-only ops are left out (``DEFAULT_EXCLUDE``).
 import traceback
 import warnings
 from collections import Counter
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -97,12 +97,18 @@ class SyncSiteRecorder:
     """Counts the CUDA operations that make the CPU wait for the GPU, by Python call site.
 
     Inside ``with SyncSiteRecorder() as rec:`` torch's sync debug mode is 'warn', so every
-    ``.item()``, ``.cpu()``, ``nonzero``, boolean-mask index or stream synchronisation on
-    a CUDA tensor raises torch's "called a synchronizing CUDA operation" warning; the
-    recorder takes the innermost caller outside torch from the Python stack and counts
-    it instead of printing. Other warnings pass through. Syncs that CUDA extensions make
-    by themselves (mmcv ops calling ``cudaMemcpy``) are not seen; the profiler's
-    ``host_syncs_per_iter`` counts those. A no-op without CUDA.
+    ``.item()``, ``.cpu()``, ``nonzero``, boolean-mask index, blocking copy from pageable
+    host memory or stream synchronisation on a CUDA tensor raises torch's "called a
+    synchronizing CUDA operation" warning; the recorder takes the innermost caller
+    outside torch from the Python stack and counts it instead of printing. Other
+    warnings pass through. Syncs that CUDA extensions make by themselves (mmcv ops
+    calling ``cudaMemcpy``) are not seen; the profiler's ``host_syncs_per_iter`` counts
+    those. A no-op without CUDA.
+
+    Args:
+        stage: called at each wait, the name of the part of the step it happened in
+            (e.g. ``OpenStages.current`` of ``step_stages.labelled_stages``); the
+            counts are then by stage and call site. Default None: by call site.
 
     Why not the profiler's stacks: in the PV-RCNN profile on an H200 (torch 2.11) its
     events had no Python parents, so ``profiling.call_sites`` found nothing there.
@@ -110,8 +116,9 @@ class SyncSiteRecorder:
 
     MESSAGE = 'called a synchronizing CUDA operation'
 
-    def __init__(self) -> None:
-        self.counts: Counter = Counter()
+    def __init__(self, stage: Optional[Callable[[], str]] = None) -> None:
+        self.counts: Counter = Counter()  # (stage or '', site) -> waits
+        self.stage = stage
         self._enabled = torch.cuda.is_available()
         self._catch: Optional[warnings.catch_warnings] = None
         self._previous_mode: Any = None
@@ -140,10 +147,20 @@ class SyncSiteRecorder:
         if self.MESSAGE not in str(message):
             self._show(message, category, filename, lineno, file, line)
             return
-        self.counts[caller_site(traceback.extract_stack())] += 1
+        self.record(caller_site(traceback.extract_stack()))
 
-    def sites(self, iters: int) -> List[Dict[str, Any]]:
-        """The ``TOP_K`` call sites, in the form of ``profiling.call_sites``."""
-        return [dict(site=site, op='synchronizing CUDA operation',
-                     calls_per_iter=n / max(iters, 1))
-                for site, n in self.counts.most_common(TOP_K)]
+    def record(self, site: str) -> None:
+        """Count one wait at ``site`` (in the current stage, if there is a ``stage``)."""
+        self.counts[(self.stage() if self.stage else '', site)] += 1
+
+    def sites(self, iters: int, top: int = TOP_K) -> List[Dict[str, Any]]:
+        """The ``top`` call sites, in the form of ``profiling.call_sites`` (with their
+        ``stage`` when the recorder has one)."""
+        rows = []
+        for (stage, site), n in self.counts.most_common(top):
+            row = dict(site=site, op='synchronizing CUDA operation',
+                       calls_per_iter=n / max(iters, 1))
+            if self.stage:
+                row = dict(stage=stage, **row)
+            rows.append(row)
+        return rows

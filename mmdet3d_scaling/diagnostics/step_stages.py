@@ -178,21 +178,39 @@ def _count_host_calls(events: List[Any], pieces: List[Tuple[float, float, str]],
             row['ops'][e.name] = row['ops'].get(e.name, 0.0) + e.self_cpu_time_total
 
 
-def _labelled(fn, label: str):
+class OpenStages:
+    """The stages open now, innermost last: which stage a host wait happened in.
+
+    ``labelled_stages`` yields one; a sync recorder asks :meth:`current` at each wait.
+    """
+
+    def __init__(self) -> None:
+        self.open: List[str] = []
+
+    def current(self) -> str:
+        """The innermost open stage's name; ``OUTSIDE`` when none is open."""
+        return NAMES.get(self.open[-1], self.open[-1]) if self.open else OUTSIDE
+
+
+def _labelled(fn, label: str, stages: OpenStages):
     @functools.wraps(fn)
     def run(*args, **kwargs):
-        with torch.profiler.record_function(PREFIX + label):
-            return fn(*args, **kwargs)
+        stages.open.append(label)
+        try:
+            with torch.profiler.record_function(PREFIX + label):
+                return fn(*args, **kwargs)
+        finally:
+            stages.open.pop()
     return run
 
 
-def _wrap(obj: Any, method: str, label: str, undo: List) -> None:
+def _wrap(obj: Any, method: str, label: str, undo: List, stages: OpenStages) -> None:
     """Shadow ``obj.method`` with a labelled one on the instance (undone later)."""
     fn = getattr(obj, method, None)
     if fn is None or not callable(fn):
         return
     had_own = method in vars(obj)
-    setattr(obj, method, _labelled(fn, label))
+    setattr(obj, method, _labelled(fn, label, stages))
     undo.append((obj, method, fn if had_own else None))
 
 
@@ -213,20 +231,22 @@ class StepRange:
 
 
 @contextlib.contextmanager
-def labelled_stages(model: nn.Module, optim_wrapper: Any) -> Iterator[None]:
-    """Label the stages of the step (see the module docstring) while inside."""
+def labelled_stages(model: nn.Module, optim_wrapper: Any) -> Iterator[OpenStages]:
+    """Label the stages of the step (see the module docstring) while inside; yields
+    the :class:`OpenStages` the labels keep."""
     undo: List = []
+    stages = OpenStages()
     try:
         for name, child in model.named_children():
             if name == 'data_preprocessor':
-                _wrap(child, 'forward', name, undo)
+                _wrap(child, 'forward', name, undo, stages)
                 continue
             for method in CHILD_METHODS:
-                _wrap(child, method, f'{name}.{method}', undo)
+                _wrap(child, method, f'{name}.{method}', undo, stages)
         for method, label in (('backward', 'backward'), ('step', 'optimizer.step'),
                               ('zero_grad', 'zero_grad')):
-            _wrap(optim_wrapper, method, label, undo)
-        yield
+            _wrap(optim_wrapper, method, label, undo, stages)
+        yield stages
     finally:
         for obj, method, own in reversed(undo):
             if own is None:

@@ -14,7 +14,11 @@ plugin's or stock mmdet3d's), at a given micro-batch and precision:
   workspaces of the first iterations are not counted;
 - ``profile``: the GPU's busy share over the profiled iterations (union of kernel
   intervals / wall time), the top kernels by GPU time with their share, and ``stages``:
-  where in the step the GPU sits idle (:mod:`.step_stages`).
+  where in the step the GPU sits idle (:mod:`.step_stages`);
+- ``sync_sites``: in micro-batches after the profiled ones, each host wait for the GPU
+  by stage and Python call site (torch's sync debug mode, :class:`.SyncSiteRecorder`):
+  which lines of a stage with many ``syncs`` make them. A window of its own, since the
+  recorder's Python work per wait would distort the profile's times.
 
 The run is mmengine's own (``Runner.from_cfg`` or the config's ``runner_type``) with an
 iteration-based loop of ``warmup + iters + profile`` micro-batches, accumulation 1, no
@@ -28,11 +32,13 @@ import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 
-from mmdet3d_scaling.diagnostics.step_stages import (StepRange, is_kernel, labelled_stages,
-                                                     merge, stage_table)
+from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
+from mmdet3d_scaling.diagnostics.step_stages import (STEP, StepRange, is_kernel,
+                                                     labelled_stages, merge, stage_table)
 from mmdet3d_scaling.utils import unwrap_model
 
 GIB = 2 ** 30
+SYNC_SITES_LISTED = 40  # (stage, call site) rows kept
 PRECISIONS = {'fp32': None, 'bf16': 'bfloat16', 'fp16': 'float16'}
 
 
@@ -118,14 +124,21 @@ class TrainStepProbe(Hook):
         sync_each_iter (bool): synchronise with the GPU before and after every
             micro-batch (isolated steps). Default False: only at the ends of the
             measured and the profiled window, as training runs.
+        sync_sites (int): micro-batches after the profiled ones in which host waits
+            are counted by stage and call site. Default 0: none.
     """
 
     priority = 'VERY_LOW'
 
     def __init__(self, warmup: int, iters: int, profile: int, batch: int,
-                 sync_each_iter: bool = False) -> None:
+                 sync_each_iter: bool = False, sync_sites: int = 0) -> None:
         self.warmup, self.iters, self.profile, self.batch = warmup, iters, profile, batch
         self.sync_each_iter = sync_each_iter
+        self.sync_sites = sync_sites
+        self.sites: Optional[list] = None
+        self._recorder: Optional[SyncSiteRecorder] = None
+        self._site_stages = None
+        self._open = None
         self.times: List[float] = []
         self.window_s = 0.0
         self.peaks: Tuple[int, int] = (0, 0)
@@ -152,6 +165,10 @@ class TrainStepProbe(Hook):
             self._stages = labelled_stages(unwrap_model(runner.model), runner.optim_wrapper)
             self._stages.__enter__()
             self._prof_t = time.perf_counter()
+        if runner.iter == self.warmup + self.iters + self.profile and self.sync_sites:
+            self._start_sync_sites(runner)
+        if self._recorder is not None:
+            self._open.open.append(STEP)  # the step's own glue: '(step, unlabelled)'
         if runner.iter == self.warmup:
             self._window_t = time.perf_counter()
         if self._prof is not None:
@@ -166,6 +183,8 @@ class TrainStepProbe(Hook):
         if self.sync_each_iter or done in ends:
             torch.cuda.synchronize()
         self._step.close()
+        if self._recorder is not None:
+            self._open.open.pop()
         if self.warmup < done <= self.warmup + self.iters:
             self.times.append(time.perf_counter() - self._t)
         if done == self.warmup:
@@ -181,6 +200,26 @@ class TrainStepProbe(Hook):
             self.summary = kernel_summary(self._prof, self.profile, wall)
             self.summary['stages'] = stage_table(self._prof)
             self._prof = self._stages = None
+        if self._recorder is not None and done == self.last_iteration:
+            self._end_sync_sites()
+
+    def _start_sync_sites(self, runner) -> None:
+        """Label the stages and count each host wait by stage and call site."""
+        self._site_stages = labelled_stages(unwrap_model(runner.model), runner.optim_wrapper)
+        self._open = self._site_stages.__enter__()
+        self._recorder = SyncSiteRecorder(stage=self._open.current)
+        self._recorder.__enter__()
+
+    def _end_sync_sites(self) -> None:
+        self._recorder.__exit__(None, None, None)
+        self._site_stages.__exit__(None, None, None)
+        self.sites = self._recorder.sites(self.sync_sites, top=SYNC_SITES_LISTED)
+        self._recorder = self._site_stages = self._open = None
+
+    @property
+    def last_iteration(self) -> int:
+        """The number of micro-batches the probe needs."""
+        return self.warmup + self.iters + self.profile + self.sync_sites
 
     def figures(self) -> Dict[str, Any]:
         """The run's figures (see the module docstring)."""
@@ -196,4 +235,4 @@ class TrainStepProbe(Hook):
                     median_s_per_micro_batch=median, samples_per_s=rate,
                     peak_allocated_gib=self.peaks[0] / GIB,
                     peak_reserved_gib=self.peaks[1] / GIB,
-                    profile=self.summary)
+                    profile=self.summary, sync_sites=self.sites)

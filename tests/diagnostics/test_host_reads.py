@@ -83,3 +83,51 @@ def test_sync_recorder_names_the_caller_of_each_host_wait():
     counted = sum(rec.counts.values())
     x[0].item()  # after the block: not counted
     assert sum(rec.counts.values()) == counted
+
+
+def test_sync_recorder_counts_by_stage_when_given_one():
+    stage = ['bbox_head.loss']
+    rec = SyncSiteRecorder(stage=lambda: stage[-1])
+    rec.record('head.py(10): loss')
+    rec.record('head.py(10): loss')
+    stage.append('backward')
+    rec.record('head.py(10): loss')
+    rows = rec.sites(iters=2)
+    assert rows[0] == dict(stage='bbox_head.loss', site='head.py(10): loss',
+                           op='synchronizing CUDA operation', calls_per_iter=1.0)
+    assert rows[1]['stage'] == 'backward' and rows[1]['calls_per_iter'] == 0.5
+    plain = SyncSiteRecorder()
+    plain.record('a.py(1): f')
+    assert plain.sites(iters=1) == [dict(site='a.py(1): f', op='synchronizing CUDA operation',
+                                         calls_per_iter=1.0)]
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_sync_recorder_puts_each_wait_in_its_stage():
+    from torch import nn
+
+    from mmdet3d_scaling.diagnostics.step_stages import labelled_stages
+
+    class Reads(nn.Module):
+        def forward(self, x):
+            return _reads_four_times(x)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = Reads()
+
+    class Wrapper:
+        def backward(self, loss):
+            pass
+
+    model, x = Model(), torch.randn(64, device='cuda')
+    with labelled_stages(model, Wrapper()) as stages:
+        with SyncSiteRecorder(stage=stages.current) as rec:
+            model.head(x)
+            x.sum().item()  # outside every stage
+    by_stage = {}
+    for row in rec.sites(iters=1):
+        by_stage[row['stage']] = by_stage.get(row['stage'], 0) + row['calls_per_iter']
+    assert by_stage['head.forward'] >= 4 and by_stage['(between steps)'] >= 1

@@ -1,3 +1,4 @@
+import pytest
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
@@ -125,3 +126,58 @@ def test_a_heads_loss_and_predict_splits_into_its_loss_and_its_proposals():
     assert 'aten::topk' in ops
     glue = {o['name'] for o in rows['rpn_head.loss_and_predict']['top_host_ops']}
     assert 'aten::topk' not in glue and 'aten::normal_' in glue  # randn's fill
+
+
+class Recording(nn.Module):
+    """A child whose forward notes the stage the labels say is open."""
+
+    def __init__(self, seen):
+        super().__init__()
+        self.seen = seen
+        self.scale = nn.Parameter(torch.ones(()))
+
+    def forward(self, stages):
+        self.seen.append(stages.current())
+        return torch.zeros(())
+
+
+class Nested(nn.Module):
+
+    def __init__(self, seen):
+        super().__init__()
+        self.inner = Recording(seen)
+
+
+def test_open_stages_name_the_innermost_stage_and_close_with_it():
+    seen = []
+    model = Nested(seen)
+    with labelled_stages(model, Wrapper(model)) as stages:
+        assert stages.current() == OUTSIDE
+        model.inner(stages)
+        stages.open.append('step')  # what the train-step probe opens around a step
+        assert stages.current() == '(step, unlabelled)'
+        model.inner(stages)
+        stages.open.pop()
+        assert stages.current() == OUTSIDE
+    assert seen == ['inner.forward', 'inner.forward']
+
+
+def test_a_stage_that_raises_is_closed():
+    class Raising(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = nn.Parameter(torch.ones(()))
+
+        def forward(self):
+            raise ValueError('bad batch')
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = Raising()
+
+    model = Model()
+    with labelled_stages(model, Wrapper(model)) as stages:
+        with pytest.raises(ValueError, match='bad batch'):
+            model.head()
+        assert stages.open == []

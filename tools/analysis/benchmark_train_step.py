@@ -36,6 +36,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--iters', type=int, default=20, help='measured micro-batches')
     p.add_argument('--profile', type=int, default=5,
                    help='micro-batches profiled after the measured ones (0: none)')
+    p.add_argument('--sync-sites', type=int, default=2,
+                   help='micro-batches after the profiled ones in which every host wait '
+                        'for the GPU is counted by stage and Python call site (0: none)')
     p.add_argument('--workers', type=int, default=None, help='loader workers')
     p.add_argument('--threads', type=int, default=0,
                    help="torch intra-op threads (0: torch's default)")
@@ -64,18 +67,26 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
-    total = args.warmup + args.iters + args.profile
-    configure(cfg, args.batch, precision, total, args.workers)
+    probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch,
+                           sync_each_iter=args.sync_each_iter, sync_sites=args.sync_sites)
+    configure(cfg, args.batch, precision, probe.last_iteration, args.workers)
     cfg.work_dir = osp.join(args.work_dir, precision)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
-    probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch,
-                           sync_each_iter=args.sync_each_iter)
     runner.register_hook(probe)
     runner.train()
     return dict(config=args.config, precision=precision, stock=args.stock,
                 threads=torch.get_num_threads(), gpu=torch.cuda.get_device_name(),
                 torch=torch.__version__, cap_gib=args.cap_gib,
                 cfg_options=args.cfg_options, **probe.figures())
+
+
+def print_sync_sites(rows: List[dict]) -> None:
+    """The host waits by stage and call site, most frequent first."""
+    if not rows:
+        return
+    print('[step] host waits for the GPU (per micro-batch): stage, waits, call site')
+    for row in rows:
+        print(f"[step] {row['stage']:28s} {row['calls_per_iter']:5.1f}  {row['site']}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -120,6 +131,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                       f"{row['busy_ms_per_iter']:7.1f} {row['idle_ms_per_iter']:7.1f} "
                       f"{row['launches_per_iter']:6.0f} {row['syncs_per_iter']:5.0f} "
                       f"{row['host_reads_per_iter']:5.0f}  {ops}")
+        print_sync_sites(result.get('sync_sites') or [])
         gc.collect()
         torch.cuda.empty_cache()
     if args.out:
