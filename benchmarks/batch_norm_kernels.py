@@ -19,7 +19,7 @@ import os.path as osp
 import statistics
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Tuple
+from typing import Callable, Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -27,10 +27,11 @@ import torch.nn.functional as F
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 
-def layer_shapes(config: str, batch: int, options: List[str]) -> Dict[tuple, List[str]]:
-    """Input shape (and dtype) of every BatchNorm call in one training micro-batch ->
-    the layers that saw it."""
-    from mmengine.config import Config, DictAction  # noqa: F401
+def run_one_micro_batch(config: str, batch: int, options: List[str],
+                        register: Callable[[torch.nn.Module], list]) -> None:
+    """Train one real micro-batch of ``config`` (its dataloader, its model, forward and
+    backward) with the hooks that ``register(model)`` adds (and returns: removed after)."""
+    from mmengine.config import Config
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
     import mmdet3d_scaling  # noqa: F401
@@ -45,14 +46,7 @@ def layer_shapes(config: str, batch: int, options: List[str]) -> Dict[tuple, Lis
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     model = runner.model.train()
     loader = Runner.build_dataloader(cfg.train_dataloader)
-    seen: Dict[tuple, List[str]] = OrderedDict()
-    hooks = []
-    for name, module in model.named_modules():
-        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
-            def hook(mod, args, name=name):
-                x = args[0]
-                seen.setdefault((tuple(x.shape), str(x.dtype)), []).append(name)
-            hooks.append(module.register_forward_pre_hook(hook))
+    hooks = register(model)
     data = model.data_preprocessor(next(iter(loader)), True)
     losses = model(**data, mode='loss')
     total = sum(v.sum() for k, v in losses.items() if 'loss' in k and torch.is_tensor(v))
@@ -61,6 +55,23 @@ def layer_shapes(config: str, batch: int, options: List[str]) -> Dict[tuple, Lis
     total.backward()
     for h in hooks:
         h.remove()
+
+
+def layer_shapes(config: str, batch: int, options: List[str]) -> Dict[tuple, List[str]]:
+    """Input shape (and dtype) of every BatchNorm call in one training micro-batch ->
+    the layers that saw it."""
+    seen: Dict[tuple, List[str]] = OrderedDict()
+
+    def register(model: torch.nn.Module) -> list:
+        hooks = []
+        for name, module in model.named_modules():
+            if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+                def hook(mod, args, name=name):
+                    x = args[0]
+                    seen.setdefault((tuple(x.shape), str(x.dtype)), []).append(name)
+                hooks.append(module.register_forward_pre_hook(hook))
+        return hooks
+    run_one_micro_batch(config, batch, options, register)
     return seen
 
 

@@ -7,6 +7,7 @@
 | distributed       | ``distributed`` (DDP wrapper options, SyncBN, timeout)        |
 | devices           | none: gloo and CPU-style DDP where there is no CUDA           |
 | matmul_precision  | ``float32_matmul_precision``                                |
+| fused_optimizer   | ``optim_wrapper.optimizer.fused`` (torch's key, checked)      |
 | preflight         | ``preflight``: the data paths a command will read            |
 | validators        | shared checks (positive ints, conflicting settings)         |
 

@@ -12,12 +12,14 @@ loaders a command uses (:mod:`mmdet3d_scaling.config.preflight`).
 from typing import Callable, List
 
 from mmengine.config import Config
+from mmengine.logging import print_log
 
 from ..parallel.launcher import LAUNCHERS, resolve_launcher, world_size
 from ..utils.registry_scope import strip_scope
 from .async_logging import configure_async_logging
 from .devices import configure_devices
 from .distributed import configure_distributed
+from .fused_optimizer import check_fused_optimizer
 from .legacy_keys import translate_amp_config, translate_optimizer_config
 from .matmul_precision import check_matmul_precision
 from .scaling_recipe import accumulation_in_force, apply_scaling_recipe, planned
@@ -85,6 +87,9 @@ def prepare_config(cfg: Config) -> Config:
     trusted_checkpoint_paths(cfg)
     configure_devices(cfg)
     check_matmul_precision(cfg)
+    fused = check_fused_optimizer(cfg)
+    if fused:
+        print_log(fused, logger='current')
     for step in BATCH_STEPS:  # the batch size search: 'auto' / memory_budget -> hook
         step(cfg)
     world = world_size(cfg.launcher)

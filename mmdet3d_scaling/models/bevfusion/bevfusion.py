@@ -19,6 +19,7 @@ from mmdet3d.registry import MODELS
 from mmdet3d.structures import Det3DDataSample
 from mmdet3d.utils import OptConfigType, OptMultiConfig
 from mmdet3d_scaling.registry import register
+from ...utils.device_copy import to_device
 from ..cuda_graphs import CudaGraphCache
 from .data_preprocessor import BEVFusionDataPreprocessor  # noqa: F401  (registers)
 from .voxelize import BEVFusionVoxelizer
@@ -274,7 +275,10 @@ class BEVFusion(Base3DDetector):
                     raise KeyError(f'BEVFusion camera branch: sample {i} has no {key!r} '
                                    'in its metainfo; add it to Pack3DDetInputs meta_keys.')
                 values.append(meta.get(key, default))
-            tensors.append(imgs.new_tensor(np.asarray(values)))
+            # pinned and non-blocking: a copy from pageable memory waits for the GPU's
+            # queue (five waits a micro-batch, behind the LiDAR branch's kernels)
+            host = torch.as_tensor(np.asarray(values), dtype=imgs.dtype)
+            tensors.append(to_device(host, imgs.device))
         return tensors
 
     def extract_feat(self, batch_inputs_dict: dict, batch_input_metas: List[dict],

@@ -26,6 +26,7 @@ import torch
 from mmengine.structures import InstanceData
 from torch import Tensor
 
+from ...utils.device_copy import to_device
 from .assigners import solve_matching
 
 
@@ -97,14 +98,6 @@ def to_host(parts: Sequence[Tensor]) -> List[np.ndarray]:
         out.append(flat[start:start + p.numel()].reshape(p.shape))
         start += p.numel()
     return out
-
-
-def to_device(host: Tensor, device: torch.device) -> Tensor:
-    """A host tensor on ``device`` without waiting: pinned, then a non-blocking copy
-    (a copy from pageable memory waits for the GPU's queue)."""
-    if device.type != 'cuda':
-        return host
-    return host.pin_memory().to(device, non_blocking=True)
 
 
 class HostMatches(NamedTuple):

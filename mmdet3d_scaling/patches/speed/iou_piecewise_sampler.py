@@ -10,7 +10,9 @@ Every size the sampler needs follows from a few counts (positives, negatives, th
 negatives in each IoU piece). The patch reads them in one go (``piece_counts``, one host
 read a call; ``roi_assign`` reads a whole batch's at once) and then draws exactly as the
 original draws: the same ``randperm`` / ``randint`` calls in the same order with the
-same sizes, so seeded runs pick the same RoIs -- including upstream's last-piece
+same sizes (their indices sent to the GPU pinned and non-blocking: mmdet's
+``random_choice`` copies them from pageable memory, a wait each), so seeded runs pick
+the same RoIs -- including upstream's last-piece
 top-up, which appends positions within the piece rather than RoI indices. Indices come
 from a stable sort of the mask (ascending, like ``nonzero``); ``unique`` on the
 positives changes nothing there (they are distinct) beyond sorting them. With
@@ -23,6 +25,7 @@ from typing import List, Sequence
 import torch
 from torch import Tensor
 
+from ...utils.device_copy import to_device
 from ..patching import declare, method_patch
 
 UPSTREAM = 'mmdet3d==1.4.0'
@@ -49,6 +52,16 @@ def _true_indices(mask: Tensor, count: int) -> Tensor:
     return torch.argsort((~mask).to(torch.uint8), stable=True)[:count]
 
 
+def random_choice(gallery: Tensor, num: int) -> Tensor:
+    """mmdet's ``RandomSampler.random_choice`` of a tensor gallery: the same CPU
+    ``randperm`` draw, its indices sent to the gallery's device without a wait (mmdet
+    copies them from pageable memory: a wait for the GPU's queue each call)."""
+    if len(gallery) < num:
+        raise ValueError(f'random_choice: {num} wanted from a gallery of {len(gallery)}')
+    perm = torch.randperm(gallery.numel())[:num]
+    return gallery[to_device(perm, gallery.device)]
+
+
 def _sample_neg(sampler, assign_result, num_expected: int, counts: Sequence[int]):
     num_neg, piece_sizes = counts[1], counts[2:]
     neg_inds = _true_indices(assign_result.gt_inds == 0, num_neg)
@@ -71,9 +84,10 @@ def _sample_neg(sampler, assign_result, num_expected: int, counts: Sequence[int]
                 extra = num_expected - num_chosen
                 source = piece_inds if size > 0 else chosen
                 rand_idx = torch.randint(low=0, high=source.numel(), size=(extra, )).long()
+                rand_idx = to_device(rand_idx, source.device)
                 chosen, num_chosen = torch.cat([chosen, source[rand_idx]]), num_expected
         else:
-            picked = sampler.random_choice(piece_inds, expected)
+            picked = random_choice(piece_inds, expected)
             chosen, num_chosen = torch.cat([chosen, neg_inds[picked]]), num_chosen + expected
             extend_num = 0
     assert num_chosen == num_expected
@@ -92,7 +106,7 @@ def sample_with_counts(sampler, assign_result, bboxes: Tensor, gt_bboxes: Tensor
     pos_inds = _true_indices(assign_result.gt_inds > 0, num_pos)
     num_expected_pos = int(sampler.num * sampler.pos_fraction)
     if num_pos > num_expected_pos:
-        pos_inds = sampler.random_choice(pos_inds, num_expected_pos)
+        pos_inds = random_choice(pos_inds, num_expected_pos)
     pos_inds = pos_inds.sort().values  # what upstream's unique() does to distinct indices
     num_expected_neg = sampler.num - pos_inds.numel()
     if sampler.neg_pos_ub >= 0:
