@@ -2,7 +2,7 @@
 model feeds its BatchNorm layers.
 
 Why: in PV-RCNN's train step on an H200, cuDNN's ``bn_bw_1C11`` backward kernel was the
-largest kernel (34 ms of 193 ms a micro-batch, docs/data/same_call/
+largest kernel (34 ms of 193 ms a micro-batch, docs/data/same_call_2026-12-04/
 pv_rcnn_b8_spconv_profile.log): the point MLPs normalise ``(1, C, M, nsample)`` tensors,
 one sample of millions of positions. This script trains one real micro-batch of the
 config (its dataloader, its model) with a forward hook on every BatchNorm layer to take

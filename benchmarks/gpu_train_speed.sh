@@ -17,7 +17,8 @@
 # STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
-# more than 80 s on the H200).
+# more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
+# default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests).
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 #         fit_table
@@ -79,7 +80,7 @@ for stage in "$@"; do
     for side in mmcv spconv; do
       pp=$NOSP; [ $side = spconv ] && pp=$SP
       PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-200}" python -m pytest -q \
-        -p no:cacheprovider -m cuda -n 8 tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
+        -p no:cacheprovider -m cuda -n "${CUDA_TEST_WORKERS:-8}" tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
       echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
     done
     ;;

@@ -28,7 +28,7 @@ captures in ``global`` mode, where a CUDA call of any other thread invalidates t
 capture. The training DataLoader's pin-memory thread makes such calls (``cudaHostAlloc``
 while it pins the next batches, most of all in the first iterations, when captures
 happen). On the H200 one first-step capture (of the five runs of 2026-12-04) failed
-with the error such a race gives (docs/data/same_call/bevfusion_b4_spconv_profile.log:
+with the error such a race gives (docs/data/same_call_2026-12-04/bevfusion_b4_spconv_profile.log:
 "operation failed due to a previous error during capture", cuBLASLt's call being the
 first to meet the invalidated capture); the race is the reported cause of that error
 (e.g. LibreYOLO/libreyolo#681). ``thread_local`` restricts only the capturing thread,

@@ -5,7 +5,7 @@ PV-RCNN picks its keypoints (2048 a scan) by furthest point sampling, one mmcv
 and is sequential over the keypoints, so each call keeps one of the H200's 132 SMs busy
 for ~3.5 ms while the rest wait: at batch 8 the FPS kernels were 28.3 ms of a
 micro-batch's 193 ms of kernels, the second-largest kernel
-(docs/data/same_call/pv_rcnn_b8_spconv_profile.log).
+(docs/data/same_call_2026-12-04/pv_rcnn_b8_spconv_profile.log).
 
 The patch issues the same per-sample calls, each on its own CUDA stream (torch's stream
 pool), so the scans are sampled side by side; the current stream waits for all of them

@@ -7,7 +7,7 @@ runs ``Conv2d(1x1) -> BatchNorm2d -> ReLU`` on it. With a batch of one, cuDNN's
 BatchNorm reduces each channel over millions of positions in a few thread blocks: on an
 H200 its kernels were 46 ms of a PV-RCNN micro-batch's 193 ms of kernels (batch 8; the
 RoI grid pool's ``(1, 64, 221184, 16)`` alone 6.9 ms a call forward + backward,
-docs/data/same_call/bn_pv_rcnn.txt), and cuDNN first converts the permuted input's layout
+docs/data/same_call_2026-12-04/bn_pv_rcnn.txt), and cuDNN first converts the permuted input's layout
 (``nchwToNhwc``, 4 ms).
 
 The patch runs the same layers on the features as rows ``(M * nsample, C)``: the 1x1
