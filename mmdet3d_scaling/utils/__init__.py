@@ -5,7 +5,7 @@ never another part of ``mmdet3d_scaling``, so anything can import them without a
 (and the scaling benchmark's worker can load them in a stock run without the plugin).
 
 - :mod:`.device_copy`: :func:`~.device_copy.to_device`, a host tensor to the GPU
-  without waiting for its queue.
+  without waiting for its queue, and :class:`~.device_copy.HostCopy`, the other way.
 - :mod:`.model`: :func:`~.model.unwrap_model`, the module inside a model wrapper.
 - :mod:`.registry_scope`: :func:`~.registry_scope.strip_scope` and
   :func:`~.registry_scope.type_name`, registry type names without their scope.

@@ -4,7 +4,9 @@ A copy from pageable host memory to the GPU (``tensor.to('cuda')``, ``torch.tens
 device='cuda')``, indexing a GPU tensor with a Python list) makes the host wait until
 every kernel queued before it has run: the GPU then idles while Python catches up. A
 copy from pinned memory with ``non_blocking=True`` is queued like a kernel; torch's
-pinned-memory allocator keeps the host buffer until the copy has run.
+pinned-memory allocator keeps the host buffer until the copy has run. The other way,
+:class:`HostCopy` queues a copy to pinned host memory and waits for it only when the
+values are needed.
 """
 import torch
 from torch import Tensor
@@ -17,3 +19,30 @@ def to_device(host: Tensor, device: torch.device) -> Tensor:
     if device.type != 'cuda':
         return host
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class HostCopy:
+    """``tensor`` on its way to pinned host memory: the copy is queued on the current
+    stream at construction, and :meth:`numpy` waits for that copy alone (not for what
+    was queued after it), so the host can work on the values while the GPU goes on.
+
+    Args:
+        tensor (Tensor): the values to copy (detached); a CPU tensor is cloned.
+    """
+
+    def __init__(self, tensor: Tensor) -> None:
+        tensor = tensor.detach()
+        self._done = None
+        if tensor.is_cuda:
+            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self._host.copy_(tensor, non_blocking=True)
+            self._done = torch.cuda.Event()
+            self._done.record()
+        else:
+            self._host = tensor.clone()
+
+    def numpy(self):
+        """The host values as a NumPy array (waits for the copy if it is still queued)."""
+        if self._done is not None:
+            self._done.synchronize()
+        return self._host.numpy()

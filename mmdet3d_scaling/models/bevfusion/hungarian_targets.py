@@ -6,12 +6,14 @@ sampler's ``nonzero`` / ``unique`` calls, the heatmap drawn on the host and copi
 back, the mean IoU read with ``float()``: about twenty host synchronisations a sample,
 76 for a batch of four nuScenes frames (35 ms of an H200 idle per micro-batch).
 
-Here every sample's and decoder layer's cost matrix is computed on the device first,
-then the costs and the ground truth the heatmaps need travel to the host in one copy;
-the matches are solved there, every index the targets need is computed on the host
-and sent to the device in one pinned, non-blocking copy, and the targets are scattered
-on the device. The mean IoU stays a device tensor and the heatmap's peak count is
-counted on the host, so nothing after the one copy waits for the GPU.
+Here the ground truth the heatmaps need starts its copy to pinned host memory first
+(``TransFusionHead.loss`` queues it before the head's own kernels) and every sample's
+and decoder layer's cost matrix is computed on the device; the heatmaps are drawn on
+the host while the GPU computes the costs, then the costs travel to the host in one
+copy, the one wait; the matches are solved there, every index the targets need is
+computed on the host and sent to the device in one pinned, non-blocking copy, and the
+targets are scattered on the device. The mean IoU stays a device tensor and the
+heatmap's peak count is counted on the host, so nothing after the one copy waits.
 
 Exactness: the cost matrices, the IoUs and the box encoding are the same operations
 on the same values as the per-sample path (:meth:`TransFusionHead.targets_per_sample`),
@@ -19,14 +21,14 @@ scipy receives the same numbers (float64 holds every float32 / float16 value), a
 the matches land in the same order as ``PseudoSampler``'s sorted ``nonzero``. Tests
 compare the two paths for equality.
 """
-from typing import Dict, List, NamedTuple, Sequence, Tuple
+from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 from mmengine.structures import InstanceData
 from torch import Tensor
 
-from ...utils.device_copy import to_device
+from ...utils.device_copy import HostCopy, to_device
 from .assigners import solve_matching
 
 
@@ -186,21 +188,31 @@ def mean_matched_iou(ious: Tensor, num_pos: Sequence[int]) -> Tensor:
     return (sums / to_device(counts, ious.device)).mean()
 
 
-def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor]) -> Tuple:
+def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor],
+                  boxes_on_host: Optional[HostCopy] = None) -> Tuple:
     """``TransFusionHead.get_targets`` for ``HungarianAssigner3D`` with ``PseudoSampler``.
+
+    Args:
+        boxes_on_host: :func:`heatmap_boxes` of ``gts`` already on their way to the host
+            (queued before the head's kernels: the heatmaps are then drawn while the GPU
+            runs them); default: queued here, before the match costs.
 
     Returns:
         tuple: labels ``[B, L*P]``, label_weights, bbox_targets ``[B, L*P, code]``,
         bbox_weights, ious ``[B, L*P]``, num_pos (int), matched_ious (0-dim tensor),
         heatmap ``[B, K, X, Y]``, heatmap peaks (int).
     """
+    if boxes_on_host is None:
+        boxes_on_host = HostCopy(heatmap_boxes(gts))
     dev = match_costs(head, gts, preds)
-    host = to_host(list(dev.costs) + [heatmap_boxes(gts)])  # the one host read
     num_gts = [len(g) for g in dev.gt_boxes]
-    matches = solve(host[:-1], num_gts, head.num_proposals)
     device = dev.boxes[0].device
-    heatmap, peaks = draw_heatmaps(head, host[-1], num_gts, cuda=device.type == 'cuda')
+    # the ground truth alone decides the heatmaps: drawn before the read of the costs,
+    # while the GPU still computes them
+    heatmap, peaks = draw_heatmaps(head, boxes_on_host.numpy(), num_gts,
+                                   cuda=device.type == 'cuda')
     heatmap = to_device(heatmap, device)
+    matches = solve(to_host(dev.costs), num_gts, head.num_proposals)  # the one wait
     targets = scatter_targets(head, dev, matches, len(gts))
     return (*targets, sum(matches.num_pos), mean_matched_iou(targets[4], matches.num_pos),
             heatmap, peaks)

@@ -25,7 +25,8 @@ from mmdet3d.structures import xywhr2xyxyr
 from mmdet3d_scaling.registry import register
 from .assigners import HeuristicAssigner3D, HungarianAssigner3D
 from .heatmap_targets import box_centres_and_radii, draw_heatmap_array
-from .hungarian_targets import batch_targets
+from ...utils.device_copy import HostCopy
+from .hungarian_targets import batch_targets, heatmap_boxes
 
 # Keys of the forward output that are not per-proposal-per-layer.
 _SHARED_KEYS = ('dense_heatmap', 'query_heatmap_score', 'query_labels')
@@ -339,8 +340,11 @@ class TransFusionHead(nn.Module):
         return [slice(i * p, (i + 1) * p) for i in range(self._num_layers_supervised)]
 
     def get_targets(self, batch_gt_instances_3d: List[InstanceData],
-                    preds: Dict[str, Tensor]) -> Tuple:
-        """Targets for a batch; ``preds`` is the dict of :meth:`forward_single`.
+                    preds: Dict[str, Tensor],
+                    boxes_on_host: Optional[HostCopy] = None) -> Tuple:
+        """Targets for a batch; ``preds`` is the dict of :meth:`forward_single`;
+        ``boxes_on_host``: the ground truth's heatmap boxes already on their way to the
+        host (batch path only; see :meth:`loss`).
 
         With the Hungarian assigner (the official configs) the whole batch is matched
         with one host read (:mod:`.hungarian_targets`); other assigners go sample by
@@ -351,10 +355,14 @@ class TransFusionHead(nn.Module):
             bbox_weights, ious ``[B, L*P]``, num_pos (int), matched_ious (0-dim
             tensor), heatmap ``[B, K, X, Y]``, heatmap peaks (int: cells equal to 1).
         """
-        if isinstance(self.bbox_assigner, HungarianAssigner3D) and \
-                type(self.bbox_sampler) is PseudoSampler:
-            return batch_targets(self, batch_gt_instances_3d, preds)
+        if self._targets_in_batch():
+            return batch_targets(self, batch_gt_instances_3d, preds, boxes_on_host)
         return self.targets_per_sample(batch_gt_instances_3d, preds)
+
+    def _targets_in_batch(self) -> bool:
+        """Whether :meth:`get_targets` takes the one-read batch path."""
+        return (isinstance(self.bbox_assigner, HungarianAssigner3D)
+                and type(self.bbox_sampler) is PseudoSampler)
 
     def targets_per_sample(self, batch_gt_instances_3d: List[InstanceData],
                            preds: Dict[str, Tensor]) -> Tuple:
@@ -462,10 +470,14 @@ class TransFusionHead(nn.Module):
     def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]
         gts = [s.gt_instances_3d for s in batch_data_samples]
-        return self.loss_by_feat(self(batch_feats, metas), gts)
+        # the heatmaps need only the ground truth: its boxes start for the host before
+        # the head's kernels are queued, and are drawn there while the GPU runs them
+        boxes = HostCopy(heatmap_boxes(gts)) if self._targets_in_batch() else None
+        return self.loss_by_feat(self(batch_feats, metas), gts, boxes_on_host=boxes)
 
     def loss_by_feat(self, preds_dicts, batch_gt_instances_3d: List[InstanceData],
-                     *args, **kwargs) -> Dict[str, Tensor]:
+                     *args, boxes_on_host: Optional[HostCopy] = None,
+                     **kwargs) -> Dict[str, Tensor]:
         """Heatmap focal loss, and per supervised layer class + box losses.
 
         Returns:
@@ -476,7 +488,7 @@ class TransFusionHead(nn.Module):
             raise ValueError('TransFusionHead.loss needs train_cfg.')
         preds = preds_dicts[0][0]
         (labels, label_weights, bbox_targets, bbox_weights, _, num_pos, matched_ious,
-         heatmap, peaks) = self.get_targets(batch_gt_instances_3d, preds)
+         heatmap, peaks) = self.get_targets(batch_gt_instances_3d, preds, boxes_on_host)
 
         losses = dict()
         losses['loss_heatmap'] = self.loss_heatmap(

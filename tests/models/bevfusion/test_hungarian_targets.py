@@ -58,7 +58,9 @@ def test_head_uses_the_batch_path_and_losses_are_unchanged():
     gts, feats = _inputs('cpu', seed=4, empty=(2, ))
     preds = head(feats, [{}] * 3)
     losses = head.loss_by_feat(preds, copy.deepcopy(gts))
-    head.get_targets = head.targets_per_sample  # the per-sample reference
+    # the per-sample reference (it takes no prefetched boxes)
+    head.get_targets = lambda gts, preds, boxes_on_host=None: head.targets_per_sample(
+        gts, preds)
     reference = head.loss_by_feat(preds, copy.deepcopy(gts))
     assert set(losses) == set(reference)
     for key in losses:
@@ -70,13 +72,15 @@ def test_head_uses_the_batch_path_and_losses_are_unchanged():
 
 def test_one_host_read_for_the_batch():
     """The per-sample path reads back per sample; the batch path once (the cost
-    matrices and ground truth in one copy: ``.cpu()``, then ``.numpy()`` of the copy).
-    The heatmap drawing is left out: its tensors live on the host on every device."""
+    matrices in one copy: ``.cpu()``, then ``.numpy()`` of the copy). Left out: the
+    heatmap drawing (its tensors live on the host on every device) and ``HostCopy``'s
+    ``numpy()`` of its pinned host buffer (on a GPU it waits for that copy alone, which
+    was queued before the head's kernels)."""
     head = _head('cpu', num_layers=2)
     gts, feats = _inputs('cpu', seed=5)
     with torch.no_grad():
         preds = head(feats, [{}] * 3)[0][0]
-        exclude = ('heatmap_targets.py', )
+        exclude = ('heatmap_targets.py', 'utils/device_copy.py')
         with HostReadCensus(exclude=exclude) as batch:
             batch_targets(head, copy.deepcopy(gts), preds)
         with HostReadCensus(exclude=exclude) as per_sample:
@@ -116,6 +120,23 @@ def test_lidar_iou_equals_mmdet3d_overlaps(device):
     ours, reference = lidar_iou_3d(a, b), BboxOverlaps3D(coordinate='lidar')(a, b)
     assert ours.dtype == reference.dtype and torch.equal(ours, reference)
     assert (ours > 0).any()
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_heatmap_boxes_sent_ahead_give_the_same_targets(device):
+    """``TransFusionHead.loss`` sends the ground truth's heatmap boxes to the host before
+    the head runs: the targets equal those of boxes sent within ``batch_targets``."""
+    from mmdet3d_scaling.models.bevfusion.hungarian_targets import heatmap_boxes
+    from mmdet3d_scaling.utils.device_copy import HostCopy
+    head = _head(device, num_layers=2)
+    gts, feats = _inputs(device, seed=7, empty=(1, ))
+    ahead = HostCopy(heatmap_boxes(gts))
+    with torch.no_grad():
+        preds = head(feats, [{}] * 3)[0][0]
+        ours = batch_targets(head, copy.deepcopy(gts), preds, ahead)
+        reference = batch_targets(head, copy.deepcopy(gts), preds)
+    for a, b in zip(ours, reference):
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
 
 
 def test_one_match_cost_computation_a_layer_for_the_batch(monkeypatch):
