@@ -21,6 +21,7 @@ from mmdet3d.utils import OptConfigType, OptMultiConfig
 from mmdet3d_scaling.registry import register
 from ...utils.device_copy import to_device
 from ..cuda_graphs import CudaGraphCache
+from ..side_stream import SideStreams
 from .data_preprocessor import BEVFusionDataPreprocessor  # noqa: F401  (registers)
 from .voxelize import BEVFusionVoxelizer
 
@@ -73,6 +74,10 @@ class BEVFusion(Base3DDetector):
             it is checkpointed (``checkpoint_modules`` or a submodule's ``with_cp``,
             read at every call: the fastest fit switches checkpointing off and on),
             and the start-up line says so. Defaults to () (none).
+        concurrent_branches (bool): run the LiDAR branch on a CUDA stream of its own
+            (:mod:`mmdet3d_scaling.models.side_stream`), beside the camera branch on
+            the current one, with CUDA inputs and cameras; the same operations, so
+            the same results up to the order of atomic additions. Defaults to False.
         init_cfg (dict, optional): init config.
     """
 
@@ -92,6 +97,7 @@ class BEVFusion(Base3DDetector):
                  checkpoint_modules: Sequence[str] = (),
                  view_transform_fp32: bool = True,
                  cuda_graphs: Sequence[str] = (),
+                 concurrent_branches: bool = False,
                  **kwargs) -> None:
         data_preprocessor, voxelize_cfg = self._split_voxelize_cfg(data_preprocessor)
         super().__init__(data_preprocessor=data_preprocessor, init_cfg=init_cfg)
@@ -124,6 +130,16 @@ class BEVFusion(Base3DDetector):
         self._with_cp_modules: Dict[str, tuple] = {}
         self.cuda_graphs = self._graphed_chains(cuda_graphs)
         self._graph_cache = CudaGraphCache()
+        self.concurrent_branches = bool(concurrent_branches)
+        self._side_streams = SideStreams()
+        if self.concurrent_branches:
+            if self.img_backbone is None:
+                raise ValueError('BEVFusion: concurrent_branches=True needs the camera '
+                                 'branch (img_backbone, img_neck, view_transform); '
+                                 'remove it for a LiDAR-only model.')
+            print_log('BEVFusion: the LiDAR branch runs on a CUDA stream of its own, '
+                      'beside the camera branch (model.concurrent_branches).',
+                      logger='current')
 
     # ------------------------------------------------------------------ config
 
@@ -285,18 +301,24 @@ class BEVFusion(Base3DDetector):
                      **kwargs):
         """Fused (or LiDAR-only) BEV features after the BEV backbone and neck."""
         imgs = batch_inputs_dict.get('imgs', None)
-        features = []
-        if imgs is not None and self.img_backbone is not None:
-            points = [p.clone() for p in batch_inputs_dict['points']]
-        # The LiDAR branch first: its host reads (voxel counts, sparse-conv indices)
-        # then find a short GPU queue instead of waiting for the camera branch.
-        pts_feat = self.extract_pts_feat(batch_inputs_dict)
-        if imgs is not None and self.img_backbone is not None:
+        camera = imgs is not None and self.img_backbone is not None
+        if camera:
             imgs = imgs.contiguous()
-            features.append(self.extract_img_feat(
-                imgs, points, *self._camera_inputs(imgs, batch_input_metas),
-                batch_input_metas))
-        features.append(pts_feat)  # the fuser's order: [camera, LiDAR]
+            points = [p.clone() for p in batch_inputs_dict['points']]
+        if camera and self.concurrent_branches and imgs.is_cuda:
+            # the camera branch queued first on this stream; the LiDAR branch on its
+            # own stream from the same inputs: its waits (voxel counts, sparse-conv
+            # indices) then wait for its own kernels while the camera's keep the GPU busy
+            branch = self._side_streams.branch(imgs.device)
+            img_feat = self._camera_feat(imgs, points, batch_input_metas)
+            pts_feat = branch.run(lambda: self.extract_pts_feat(batch_inputs_dict),
+                                  batch_inputs_dict['points'])
+        else:
+            # the LiDAR branch first: its host reads (voxel counts, sparse-conv indices)
+            # then find a short GPU queue instead of waiting for the camera branch
+            pts_feat = self.extract_pts_feat(batch_inputs_dict)
+            img_feat = self._camera_feat(imgs, points, batch_input_metas) if camera else None
+        features = [pts_feat] if img_feat is None else [img_feat, pts_feat]  # the fuser's order
         if self.fusion_layer is not None:
             x = self.fusion_layer(features)
         else:
@@ -305,6 +327,10 @@ class BEVFusion(Base3DDetector):
                                  'fusion_layer to combine them.')
             x = features[0]
         return self.pts_neck(self.pts_backbone(x))
+
+    def _camera_feat(self, imgs: Tensor, points: List[Tensor], metas: List[dict]) -> Tensor:
+        """The camera BEV map of ``imgs`` (contiguous) and a copy of the points."""
+        return self.extract_img_feat(imgs, points, *self._camera_inputs(imgs, metas), metas)
 
     # ------------------------------------------------------------------ modes
 

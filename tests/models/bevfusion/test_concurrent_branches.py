@@ -1,0 +1,78 @@
+"""``model.concurrent_branches``: BEVFusion's LiDAR branch on a CUDA stream of its own,
+beside the camera branch; the same losses and gradients as one stream. On the CPU the
+key changes nothing (one stream); a LiDAR-only model with it is a clear error."""
+import copy
+
+import pytest
+import torch
+
+from .common import build
+from .test_lidar_cam_detector import camera_batch, camera_cfg
+
+pytest.importorskip('spconv.pytorch')
+
+
+def _losses_and_grads(cfg: dict, state: dict, batch: dict, device: str):
+    model = build(cfg).to(device).train()
+    model.load_state_dict(state)
+    data = model.data_preprocessor(copy.deepcopy(batch), True)
+    torch.manual_seed(123)  # the same dropout masks in the head
+    losses = model(**data, mode='loss')
+    total = sum(v for k, v in losses.items() if 'loss' in k)
+    total.backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    return {k: float(v) for k, v in losses.items() if 'loss' in k}, grads
+
+
+def _compare(device: str, tol: float) -> None:
+    torch.manual_seed(0)
+    plain_cfg = camera_cfg()
+    state = build(plain_cfg).state_dict()
+    concurrent_cfg = dict(camera_cfg(), concurrent_branches=True)
+    batch = camera_batch(seed=3)
+    plain = _losses_and_grads(plain_cfg, state, batch, device)
+    concurrent = _losses_and_grads(concurrent_cfg, state, batch, device)
+    assert plain[0].keys() == concurrent[0].keys()
+    for key, value in plain[0].items():
+        assert concurrent[0][key] == pytest.approx(value, rel=tol, abs=tol), key
+    assert plain[1].keys() == concurrent[1].keys()
+    assert any(n.startswith('pts_middle_encoder') for n in plain[1])
+    for name, grad in plain[1].items():
+        error = float((concurrent[1][name] - grad).norm())
+        assert error <= tol * float(grad.norm()) + 1e-7, (name, error)
+
+
+@pytest.mark.slow
+def test_same_losses_and_gradients_on_the_cpu():
+    _compare('cpu', tol=0.0)
+
+
+def test_lidar_only_with_it_is_an_error():
+    from .common import tiny_model_cfg
+    with pytest.raises(ValueError, match='concurrent_branches=True needs the camera'):
+        build(dict(tiny_model_cfg(), concurrent_branches=True))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+def test_same_losses_and_gradients_on_cuda():
+    """Atomic additions (BEV pooling, scatters) may sum in another order."""
+    _compare('cuda', tol=1e-4)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+def test_the_lidar_branch_runs_on_another_stream():
+    from torch.profiler import ProfilerActivity, profile
+    torch.manual_seed(0)
+    model = build(dict(camera_cfg(), concurrent_branches=True)).cuda().train()
+    data = model.data_preprocessor(camera_batch(seed=4), True)
+    model(**data, mode='loss')  # warm-up
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model(**data, mode='loss')
+        torch.cuda.synchronize()
+    streams = {e.device_resource_id for e in prof.events()
+               if e.device_type == torch.autograd.DeviceType.CUDA}
+    assert len(streams) >= 2, streams
