@@ -13,7 +13,7 @@ caching allocator is told which tensors cross (``record_stream``), so no memory 
 reused while the other stream may still read it. Autograd runs each backward operation
 on its forward's stream and synchronises where a gradient crosses.
 """
-from typing import Callable, Dict, Sequence
+from typing import Any, Callable, Dict, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -36,16 +36,30 @@ class SideStreamBranch:
         self.inputs_ready = torch.cuda.Event()
         self.inputs_ready.record(self.main)
 
-    def run(self, fn: Callable[[], Tensor], inputs: Sequence[Tensor]) -> Tensor:
-        """``fn()`` on the side stream; its output, ready for the current stream."""
+    def run(self, fn: Callable[[], Any], inputs: Sequence[Tensor]) -> Any:
+        """``fn()`` on the side stream; its output (a tensor, or tensors in tuples,
+        lists and dicts), ready for the current stream."""
         self.side.wait_event(self.inputs_ready)
         for tensor in inputs:
             tensor.record_stream(self.side)  # read there: not reused before it has
         with torch.cuda.stream(self.side):
             out = fn()
         self.main.wait_stream(self.side)
-        out.record_stream(self.main)  # made there, used here
+        for tensor in _tensors(out):
+            tensor.record_stream(self.main)  # made there, used here
         return out
+
+
+def _tensors(out: Any) -> Iterator[Tensor]:
+    """The tensors of ``out``, inside tuples, lists and dicts."""
+    if isinstance(out, Tensor):
+        yield out
+    elif isinstance(out, (tuple, list)):
+        for item in out:
+            yield from _tensors(item)
+    elif isinstance(out, dict):
+        for item in out.values():
+            yield from _tensors(item)
 
 
 class SideStreams:

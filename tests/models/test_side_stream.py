@@ -28,6 +28,12 @@ def test_the_branch_result_is_ready_on_the_current_stream():
     torch.testing.assert_close(out, ((x * 2).sum(0) + (x @ x).sum(0)).cpu())
 
 
+def test_the_tensors_of_an_output_are_found():
+    from mmdet3d_scaling.models.side_stream import _tensors
+    a, b, c = torch.zeros(1), torch.ones(1), torch.full((1, ), 2.0)
+    assert list(_tensors((a, [b, {'c': c}], 'text'))) == [a, b, c]
+
+
 @needs_cuda
 @pytest.mark.cuda
 def test_one_stream_per_device_kept():
