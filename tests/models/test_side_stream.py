@@ -6,8 +6,7 @@ import pytest
 import torch
 
 from mmdet3d_scaling.models.side_stream import SideStreams
-
-needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
+from tests.devices import needs_cuda
 
 
 def test_a_copied_model_gets_its_own_streams():

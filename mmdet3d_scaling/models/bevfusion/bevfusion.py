@@ -283,7 +283,7 @@ class BEVFusion(Base3DDetector):
         return self.pts_middle_encoder(feats, coords, len(points))
 
     def _camera_inputs(self, imgs: Tensor, metas: List[dict]) -> List[Tensor]:
-        tensors = []
+        host = []
         for key, default in _CAMERA_METAS:
             values = []
             for i, meta in enumerate(metas):
@@ -291,11 +291,12 @@ class BEVFusion(Base3DDetector):
                     raise KeyError(f'BEVFusion camera branch: sample {i} has no {key!r} '
                                    'in its metainfo; add it to Pack3DDetInputs meta_keys.')
                 values.append(meta.get(key, default))
-            # pinned and non-blocking: a copy from pageable memory waits for the GPU's
-            # queue (five waits a micro-batch, behind the LiDAR branch's kernels)
-            host = torch.as_tensor(np.asarray(values), dtype=imgs.dtype)
-            tensors.append(to_device(host, imgs.device))
-        return tensors
+            host.append(torch.as_tensor(np.asarray(values), dtype=imgs.dtype))
+        # one pinned, non-blocking copy of all of them: a copy from pageable memory
+        # waits for the GPU's queue (five waits a micro-batch before)
+        flat = to_device(torch.cat([t.reshape(-1) for t in host]), imgs.device)
+        return [part.view(t.shape) for part, t in
+                zip(flat.split([t.numel() for t in host]), host)]
 
     def extract_feat(self, batch_inputs_dict: dict, batch_input_metas: List[dict],
                      **kwargs):

@@ -15,7 +15,7 @@ The values are the same bit for bit (the same elements, the same float operation
 the same order: ``tests/patches/speed/test_box_geometry.py``), and so are the gradients.
 Camera boxes keep their own ``bev`` (it is not the base class's).
 """
-from typing import Dict, Tuple
+import functools
 
 import numpy as np
 import torch
@@ -32,16 +32,12 @@ LIDAR = 'mmdet3d.structures.bbox_3d.lidar_box3d'
 # x1y1z1, x1y1z0) relative to the bottom centre (0.5, 0.5, 0); exact in any float type
 _UNIT_CORNERS = [[-0.5, -0.5, 0.0], [-0.5, -0.5, 1.0], [-0.5, 0.5, 1.0], [-0.5, 0.5, 0.0],
                  [0.5, -0.5, 0.0], [0.5, -0.5, 1.0], [0.5, 0.5, 1.0], [0.5, 0.5, 0.0]]
-_unit_corners_cache: Dict[Tuple[torch.device, torch.dtype], Tensor] = {}
 
 
+@functools.lru_cache(maxsize=None)
 def unit_corners(device: torch.device, dtype: torch.dtype) -> Tensor:
     """``(8, 3)`` unit-box corners on ``device`` (copied there once per device and dtype)."""
-    key = (torch.device(device), dtype)
-    if key not in _unit_corners_cache:
-        _unit_corners_cache[key] = to_device(torch.tensor(_UNIT_CORNERS, dtype=dtype),
-                                             key[0])
-    return _unit_corners_cache[key]
+    return to_device(torch.tensor(_UNIT_CORNERS, dtype=dtype), device)
 
 
 def bev(self) -> Tensor:
