@@ -27,7 +27,8 @@ from .voxelize import BEVFusionVoxelizer
 
 CHECKPOINTABLE = ('img_backbone', 'img_neck', 'view_transform')
 # Chains that model.cuda_graphs may name -> their modules, in call order.
-GRAPHABLE = {'img_encoder': ('img_backbone', 'img_neck')}
+GRAPHABLE = {'img_encoder': ('img_backbone', 'img_neck'),
+             'bev_head': ('pts_backbone', 'pts_neck', 'bbox_head')}
 # Camera geometry of each sample: meta key -> argument of the view transform.
 _CAMERA_METAS = (('lidar2img', None), ('cam2img', None), ('cam2lidar', None),
                  ('img_aug_matrix', np.eye(4)), ('lidar_aug_matrix', np.eye(4)))
@@ -70,7 +71,8 @@ class BEVFusion(Base3DDetector):
         cuda_graphs (sequence[str]): chains run as CUDA graphs in training (forward
             and backward, one graph per input shape, see
             :mod:`mmdet3d_scaling.models.cuda_graphs`): 'img_encoder' (image backbone
-            + neck at the fixed image size). A chain runs eagerly while a module of
+            + neck at the fixed image size), 'bev_head' (BEV backbone, neck and the
+            head's forward at the fixed BEV size; the head's loss runs eagerly). A chain runs eagerly while a module of
             it is checkpointed (``checkpoint_modules`` or a submodule's ``with_cp``,
             read at every call: the fastest fit switches checkpointing off and on),
             and the start-up line says so. Defaults to () (none).
@@ -298,9 +300,8 @@ class BEVFusion(Base3DDetector):
         return [part.view(t.shape) for part, t in
                 zip(flat.split([t.numel() for t in host]), host)]
 
-    def extract_feat(self, batch_inputs_dict: dict, batch_input_metas: List[dict],
-                     **kwargs):
-        """Fused (or LiDAR-only) BEV features after the BEV backbone and neck."""
+    def extract_bev(self, batch_inputs_dict: dict, batch_input_metas: List[dict]) -> Tensor:
+        """The fused (or LiDAR-only) BEV map, before the BEV backbone."""
         imgs = batch_inputs_dict.get('imgs', None)
         camera = imgs is not None and self.img_backbone is not None
         if camera:
@@ -321,13 +322,17 @@ class BEVFusion(Base3DDetector):
             img_feat = self._camera_feat(imgs, points, batch_input_metas) if camera else None
         features = [pts_feat] if img_feat is None else [img_feat, pts_feat]  # the fuser's order
         if self.fusion_layer is not None:
-            x = self.fusion_layer(features)
-        else:
-            if len(features) != 1:
-                raise ValueError('BEVFusion got camera and LiDAR features but has no '
-                                 'fusion_layer to combine them.')
-            x = features[0]
-        return self.pts_neck(self.pts_backbone(x))
+            return self.fusion_layer(features)
+        if len(features) != 1:
+            raise ValueError('BEVFusion got camera and LiDAR features but has no '
+                             'fusion_layer to combine them.')
+        return features[0]
+
+    def extract_feat(self, batch_inputs_dict: dict, batch_input_metas: List[dict],
+                     **kwargs):
+        """Fused (or LiDAR-only) BEV features after the BEV backbone and neck."""
+        return self.pts_neck(self.pts_backbone(
+            self.extract_bev(batch_inputs_dict, batch_input_metas)))
 
     def _camera_feat(self, imgs: Tensor, points: List[Tensor], metas: List[dict]) -> Tensor:
         """The camera BEV map of ``imgs`` (contiguous) and a copy of the points."""
@@ -338,8 +343,15 @@ class BEVFusion(Base3DDetector):
     def loss(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
              batch_data_samples: List[Det3DDataSample], **kwargs) -> dict:
         metas = [s.metainfo for s in batch_data_samples]
-        feats = self.extract_feat(batch_inputs_dict, metas)
-        return dict(self.bbox_head.loss(feats, batch_data_samples))
+        bev = self.extract_bev(batch_inputs_dict, metas)
+        chain = tuple(getattr(self, part) for part in GRAPHABLE['bev_head'])
+        if self._graph_cache.applies(bev, self.training) and self.runs_as_graph('bev_head'):
+            def forward():
+                return self._graph_cache.run('bev_head', chain, bev)
+        else:
+            def forward():
+                return self.bbox_head(self.pts_neck(self.pts_backbone(bev)), metas)
+        return dict(self.bbox_head.loss_of_forward(forward, batch_data_samples))
 
     def predict(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
                 batch_data_samples: List[Det3DDataSample],

@@ -8,7 +8,7 @@ grids get heatmap targets of the right shape; no state is kept between forward a
 predict (the proposals' classes travel in the output dict as ``query_labels``).
 """
 import copy
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -469,11 +469,17 @@ class TransFusionHead(nn.Module):
 
     def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]
+        return self.loss_of_forward(lambda: self(batch_feats, metas), batch_data_samples)
+
+    def loss_of_forward(self, forward: Callable[[], Tuple[List[dict]]],
+                        batch_data_samples) -> Dict[str, Tensor]:
+        """:meth:`loss` of the predictions ``forward()`` returns (this head's
+        :meth:`forward` on its features, or a CUDA graph of it)."""
         gts = [s.gt_instances_3d for s in batch_data_samples]
         # the heatmaps need only the ground truth: its boxes start for the host before
         # the head's kernels are queued, and are drawn there while the GPU runs them
         boxes = HostCopy(heatmap_boxes(gts)) if self._targets_in_batch() else None
-        return self.loss_by_feat(self(batch_feats, metas), gts, boxes_on_host=boxes)
+        return self.loss_by_feat(forward(), gts, boxes_on_host=boxes)
 
     def loss_by_feat(self, preds_dicts, batch_gt_instances_3d: List[InstanceData],
                      *args, boxes_on_host: Optional[HostCopy] = None,
