@@ -15,7 +15,8 @@
 # LOG_INTERVAL (bevfusion, pv_rcnn, second): iterations a log line on both sides, default
 # 1 (a divisor of WARMUP; 5 measures async_logging as configs log);
 # STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
-# CONCURRENT=1 (bevfusion): ours bf16 once more with model.concurrent_branches=True;
+# VARIANTS (bevfusion): "NAME=OPTION OPTION;...", ours bf16 once more per entry with those
+# --cfg-options; FIT_1GPU=1 (bevfusion): configs/bevfusion_1gpu.py as users run it;
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
 # more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
@@ -142,10 +143,16 @@ for stage in "$@"; do
       run "ours_bf16_$side" "$pp" --iters $OURS_STEPS --config $BEVFUSION --batch 4 \
         --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16
     done
-    # CONCURRENT=1: ours also with the LiDAR branch on a stream of its own
-    [ "${CONCURRENT:-0}" = 1 ] && run ours_bf16_concurrent_spconv "$SP" --iters $OURS_STEPS \
-      --config $BEVFUSION --batch 4 --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16 \
-      model.concurrent_branches=True
+    # VARIANTS="NAME=OPTION OPTION;...": ours bf16 with spconv once more per entry, with
+    # those --cfg-options added (e.g. "one_stream=model.concurrent_branches=False")
+    IFS=';' read -ra variants <<< "${VARIANTS:-}"
+    for variant in "${variants[@]}"; do
+      [ -n "$variant" ] || continue
+      run "ours_bf16_${variant%%=*}_spconv" "$SP" --iters $OURS_STEPS --config $BEVFUSION \
+        --batch 4 --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16 ${variant#*=}
+    done
+    [ "${FIT_1GPU:-0}" = 1 ] && run ours_1gpu_fit_spconv "$SP" --iters $OURS_STEPS \
+      --batch 4 --config configs/bevfusion_1gpu.py --cfg-options $NO_HUB
     [ "${EQUAL:-0}" = 1 ] && run ours_amp_fp16_spconv "$SP" --iters $OURS_STEPS \
       --config $BEVFUSION --batch 4 --amp --cfg-options $NO_HUB $TF32
     ;;

@@ -77,7 +77,11 @@ model = dict(
     fusion_layer=dict(type='ConvFuser', in_channels=[80, 256], out_channels=256),
     # Swin-T + neck as one CUDA graph in training (forward and backward; ~800 small
     # launches become one; eager where it cannot apply, said at start). [] turns it off.
-    cuda_graphs=['img_encoder'])
+    cuda_graphs=['img_encoder'],
+    # the LiDAR branch on a CUDA stream of its own while the camera branch runs: its
+    # waits (voxel counts, sparse-conv indices) no longer drain the camera's queue
+    # (one process; docs/bevfusion.md). False runs both on one stream.
+    concurrent_branches=True)
 
 # the camera images stacked with their padding on Python ints, not CPU tensors (exact;
 # docs/patches.md `multiview_stack`); printed with the other patches at start

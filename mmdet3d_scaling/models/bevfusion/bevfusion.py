@@ -20,7 +20,7 @@ from mmdet3d.structures import Det3DDataSample
 from mmdet3d.utils import OptConfigType, OptMultiConfig
 from mmdet3d_scaling.registry import register
 from ...utils.device_copy import to_device
-from ..cuda_graphs import CudaGraphCache
+from ..cuda_graphs import CudaGraphCache, several_ranks
 from ..side_stream import SideStreams
 from .data_preprocessor import BEVFusionDataPreprocessor  # noqa: F401  (registers)
 from .voxelize import BEVFusionVoxelizer
@@ -78,7 +78,8 @@ class BEVFusion(Base3DDetector):
             and the start-up line says so. Defaults to () (none).
         concurrent_branches (bool): run the LiDAR branch on a CUDA stream of its own
             (:mod:`mmdet3d_scaling.models.side_stream`), beside the camera branch on
-            the current one, with CUDA inputs and cameras; the same operations, so
+            the current one, with CUDA inputs and cameras, in a single process (a
+            process group of several ranks runs one stream); the same operations, so
             the same results up to the order of atomic additions. Defaults to False.
         init_cfg (dict, optional): init config.
     """
@@ -140,7 +141,8 @@ class BEVFusion(Base3DDetector):
                                  'branch (img_backbone, img_neck, view_transform); '
                                  'remove it for a LiDAR-only model.')
             print_log('BEVFusion: the LiDAR branch runs on a CUDA stream of its own, '
-                      'beside the camera branch (model.concurrent_branches).',
+                      'beside the camera branch (model.concurrent_branches; one stream '
+                      'under several ranks).',
                       logger='current')
 
     # ------------------------------------------------------------------ config
@@ -307,7 +309,7 @@ class BEVFusion(Base3DDetector):
         if camera:
             imgs = imgs.contiguous()
             points = [p.clone() for p in batch_inputs_dict['points']]
-        if camera and self.concurrent_branches and imgs.is_cuda:
+        if camera and self.concurrent_branches and imgs.is_cuda and not several_ranks():
             # the camera branch queued first on this stream; the LiDAR branch on its
             # own stream from the same inputs: its waits (voxel counts, sparse-conv
             # indices) then wait for its own kernels while the camera's keep the GPU busy

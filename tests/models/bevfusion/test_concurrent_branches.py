@@ -57,8 +57,9 @@ def test_lidar_only_with_it_is_an_error():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_same_losses_and_gradients_on_cuda():
-    """Atomic additions (BEV pooling, scatters) may sum in another order."""
-    _compare('cuda', tol=1e-4)
+    """Atomic additions (BEV pooling, scatters) may sum in another order: on the H100
+    the heatmap loss (a sum over the whole BEV map) differed by 2e-4 of itself."""
+    _compare('cuda', tol=2e-3)
 
 
 @pytest.mark.cuda
