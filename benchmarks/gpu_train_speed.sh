@@ -17,6 +17,7 @@
 # STOCK_THREADS (pv_rcnn, second): stock's OMP_NUM_THREADS runs, default "1 16";
 # VARIANTS (bevfusion): "NAME=OPTION OPTION;...", ours bf16 once more per entry with those
 # --cfg-options; FIT_1GPU=1 (bevfusion): configs/bevfusion_1gpu.py as users run it;
+# OURS_OPTIONS (bevfusion): --cfg-options added to every run of ours;
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
 # more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
@@ -141,7 +142,7 @@ for stage in "$@"; do
       run "upstream_amp_$side" "$UP:$pp" --train "$STOCK_TRAIN" --cwd "$UP" \
         --config "$UP_BEVFUSION" --batch 4 --amp --cfg-options $NO_HUB
       run "ours_bf16_$side" "$pp" --iters $OURS_STEPS --config $BEVFUSION --batch 4 \
-        --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16
+        --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16 ${OURS_OPTIONS:-}
     done
     # VARIANTS="NAME=OPTION OPTION;...": ours bf16 with spconv once more per entry, with
     # those --cfg-options added (e.g. "one_stream=model.concurrent_branches=False")
@@ -149,10 +150,10 @@ for stage in "$@"; do
     for variant in "${variants[@]}"; do
       [ -n "$variant" ] || continue
       run "ours_bf16_${variant%%=*}_spconv" "$SP" --iters $OURS_STEPS --config $BEVFUSION \
-        --batch 4 --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16 ${variant#*=}
+        --batch 4 --cfg-options $NO_HUB $TF32 amp.dtype=bfloat16 ${OURS_OPTIONS:-} ${variant#*=}
     done
     [ "${FIT_1GPU:-0}" = 1 ] && run ours_1gpu_fit_spconv "$SP" --iters $OURS_STEPS \
-      --batch 4 --config configs/bevfusion_1gpu.py --cfg-options $NO_HUB
+      --batch 4 --config configs/bevfusion_1gpu.py --cfg-options $NO_HUB ${OURS_OPTIONS:-}
     [ "${EQUAL:-0}" = 1 ] && run ours_amp_fp16_spconv "$SP" --iters $OURS_STEPS \
       --config $BEVFUSION --batch 4 --amp --cfg-options $NO_HUB $TF32
     ;;
