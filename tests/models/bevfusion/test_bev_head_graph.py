@@ -11,8 +11,8 @@ import torch
 from .common import build, tiny_model_cfg, toy_batch
 
 
-def _cfg(graphs=()):
-    cfg = tiny_model_cfg()
+def _cfg(graphs=(), sparse_backend='auto'):
+    cfg = tiny_model_cfg(sparse_backend)
     for attn in ('self_attn_cfg', 'cross_attn_cfg'):
         cfg['bbox_head']['decoder_layer'][attn]['dropout'] = 0.0
     cfg['bbox_head']['decoder_layer']['ffn_cfg']['ffn_drop'] = 0.0
@@ -32,9 +32,14 @@ def _steps(model, batches, device):
 
 
 def _pair(device):
+    # on CUDA mmcv's sparse conv: with spconv the sparse encoder's first weight
+    # gradient differed beyond 1e-3 on the H100 (docs/data/same_call/cuda_new_e3.txt)
+    # while mmcv's matched (cuda_tests_all_mmcv_e4.txt); the encoder runs eagerly
+    # on both sides, so that spread is spconv's, not the graph's
+    backend = 'auto' if device == 'cpu' else 'mmcv'
     torch.manual_seed(0)
-    eager = build(_cfg()).to(device).train()
-    graphed = build(_cfg(['bev_head'])).to(device).train()
+    eager = build(_cfg((), backend)).to(device).train()
+    graphed = build(_cfg(['bev_head'], backend)).to(device).train()
     graphed.load_state_dict(eager.state_dict())
     return eager, graphed
 

@@ -1,7 +1,12 @@
 """``model.concurrent_branches``: BEVFusion's LiDAR branch on a CUDA stream of its own,
 beside the camera branch; the same losses and gradients as one stream. On the CPU the
-key changes nothing (one stream); a LiDAR-only model with it is a clear error."""
+key changes nothing (one stream); a LiDAR-only model with it is a clear error.
+
+The CUDA comparison runs a deterministic model (mmcv's sparse conv, BEV pooling
+without atomics): with spconv on the H100 two runs differed by 0.5 % in a class loss
+(another Hungarian match), which says nothing about the streams."""
 import copy
+import importlib.util
 
 import pytest
 import torch
@@ -9,7 +14,8 @@ import torch
 from .common import build
 from .test_lidar_cam_detector import camera_batch, camera_cfg
 
-pytest.importorskip('spconv.pytorch')
+needs_spconv = pytest.mark.skipif(importlib.util.find_spec('spconv') is None,
+                                  reason='the CPU sparse conv needs spconv')
 
 
 def _losses_and_grads(cfg: dict, state: dict, batch: dict, device: str):
@@ -22,14 +28,22 @@ def _losses_and_grads(cfg: dict, state: dict, batch: dict, device: str):
     total.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
              if p.grad is not None}
-    return {k: float(v) for k, v in losses.items() if 'loss' in k}, grads
+    return {k: float(v.detach()) for k, v in losses.items() if 'loss' in k}, grads
+
+
+def _deterministic_cfg(device: str) -> dict:
+    if device == 'cpu':
+        return camera_cfg()
+    cfg = camera_cfg(deterministic=True)
+    cfg['pts_middle_encoder']['sparse_backend'] = 'mmcv'
+    return cfg
 
 
 def _compare(device: str, tol: float) -> None:
     torch.manual_seed(0)
-    plain_cfg = camera_cfg()
+    plain_cfg = _deterministic_cfg(device)
     state = build(plain_cfg).state_dict()
-    concurrent_cfg = dict(camera_cfg(), concurrent_branches=True)
+    concurrent_cfg = dict(_deterministic_cfg(device), concurrent_branches=True)
     batch = camera_batch(seed=3)
     plain = _losses_and_grads(plain_cfg, state, batch, device)
     concurrent = _losses_and_grads(concurrent_cfg, state, batch, device)
@@ -44,6 +58,7 @@ def _compare(device: str, tol: float) -> None:
 
 
 @pytest.mark.slow
+@needs_spconv
 def test_same_losses_and_gradients_on_the_cpu():
     _compare('cpu', tol=0.0)
 
@@ -57,9 +72,9 @@ def test_lidar_only_with_it_is_an_error():
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_same_losses_and_gradients_on_cuda():
-    """Atomic additions (BEV pooling, scatters) may sum in another order: on the H100
-    the heatmap loss (a sum over the whole BEV map) differed by 2e-4 of itself."""
-    _compare('cuda', tol=2e-3)
+    """Scatters with atomic additions (sparse-conv gradients) may still sum in another
+    order."""
+    _compare('cuda', tol=1e-4)
 
 
 @pytest.mark.cuda
@@ -67,7 +82,7 @@ def test_same_losses_and_gradients_on_cuda():
 def test_the_lidar_branch_runs_on_another_stream():
     from torch.profiler import ProfilerActivity, profile
     torch.manual_seed(0)
-    model = build(dict(camera_cfg(), concurrent_branches=True)).cuda().train()
+    model = build(dict(_deterministic_cfg('cuda'), concurrent_branches=True)).cuda().train()
     data = model.data_preprocessor(camera_batch(seed=4), True)
     model(**data, mode='loss')  # warm-up
     torch.cuda.synchronize()
