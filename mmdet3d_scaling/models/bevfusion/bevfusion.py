@@ -187,6 +187,11 @@ class BEVFusion(Base3DDetector):
         if unknown:
             raise ValueError(f'cuda_graphs={list(names)}: {sorted(unknown)} not in '
                              f'{sorted(GRAPHABLE)}.')
+        if 'bev_head' in names and not hasattr(self.bbox_head, 'loss_of_forward'):
+            raise ValueError(f"cuda_graphs=['bev_head'] needs a head with loss_of_forward "
+                             f'(mmdet3d_scaling.TransFusionHead); '
+                             f'{type(self.bbox_head).__name__} has none: remove '
+                             "'bev_head' from model.cuda_graphs.")
         kept = []
         for name in names:
             if getattr(self, GRAPHABLE[name][0]) is None:
@@ -346,14 +351,12 @@ class BEVFusion(Base3DDetector):
              batch_data_samples: List[Det3DDataSample], **kwargs) -> dict:
         metas = [s.metainfo for s in batch_data_samples]
         bev = self.extract_bev(batch_inputs_dict, metas)
-        chain = tuple(getattr(self, part) for part in GRAPHABLE['bev_head'])
         if self._graph_cache.applies(bev, self.training) and self.runs_as_graph('bev_head'):
-            def forward():
-                return self._graph_cache.run('bev_head', chain, bev)
-        else:
-            def forward():
-                return self.bbox_head(self.pts_neck(self.pts_backbone(bev)), metas)
-        return dict(self.bbox_head.loss_of_forward(forward, batch_data_samples))
+            chain = tuple(getattr(self, part) for part in GRAPHABLE['bev_head'])
+            return dict(self.bbox_head.loss_of_forward(
+                lambda: self._graph_cache.run('bev_head', chain, bev), batch_data_samples))
+        feats = self.pts_neck(self.pts_backbone(bev))
+        return dict(self.bbox_head.loss(feats, batch_data_samples))
 
     def predict(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
                 batch_data_samples: List[Det3DDataSample],

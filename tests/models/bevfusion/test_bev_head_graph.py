@@ -92,3 +92,10 @@ def test_graphed_bev_head_equals_eager_over_accumulated_micro_batches(monkeypatc
     assert grads > 0
     for (name, a), b in zip(eager.named_buffers(), graphed.buffers()):
         torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-5, msg=name)  # once a batch
+
+
+def test_a_head_without_loss_of_forward_is_an_error_naming_the_way_out():
+    model = build(_cfg())
+    model.bbox_head = torch.nn.Identity()  # any head without loss_of_forward
+    with pytest.raises(ValueError, match="Identity has none: remove 'bev_head'"):
+        model._graphed_chains(['bev_head'])
