@@ -72,7 +72,10 @@ model = dict(
         dbound=[1.0, 60.0, 0.5],
         downsample=2,
         with_cp=False,  # True: recompute depth-net + pooling in backward
-        memory_efficient=False,  # True: pool depth x context without the frustum
+        # pool depth x context without the B x 6 x 118 x 32 x 88 x 80 frustum (the same
+        # sums within float rounding; on the H200 3.39 against 10.68 ms fwd+bwd at
+        # batch 4, docs/bevfusion.md); False materialises it as upstream does
+        memory_efficient=True,
         deterministic=False),  # True: BEV pooling without atomics
     fusion_layer=dict(type='ConvFuser', in_channels=[80, 256], out_channels=256),
     # Swin-T + neck as one CUDA graph in training (forward and backward; ~800 small
