@@ -21,7 +21,8 @@
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
 # more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
-# default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests).
+# default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests);
+# CUDA_TESTS_TOGETHER=1 (cuda_tests): both sides at once, half the workers each.
 # Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 #         fit_table
@@ -80,12 +81,20 @@ for stage in "$@"; do
     done
     ;;
   cuda_tests)  # the whole CUDA tier, both backends; a summary line each
-    for side in mmcv spconv; do
-      pp=$NOSP; [ $side = spconv ] && pp=$SP
+    # CUDA_TESTS_TOGETHER=1: both sides at once, the workers split between them
+    workers=${CUDA_TEST_WORKERS:-8}; together=${CUDA_TESTS_TOGETHER:-0}
+    [ "$together" = 1 ] && workers=$(( (workers + 1) / 2 ))
+    cuda_side() {
+      local side=$1 pp=$NOSP; [ "$1" = spconv ] && pp=$SP
       PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-200}" python -m pytest -q \
-        -p no:cacheprovider -m cuda -n "${CUDA_TEST_WORKERS:-8}" tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
+        -p no:cacheprovider -m cuda -n "$workers" tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
       echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
-    done
+    }
+    if [ "$together" = 1 ]; then
+      cuda_side mmcv & cuda_side spconv & wait
+    else
+      cuda_side mmcv; cuda_side spconv
+    fi
     ;;
   pack)  # a new archive each time (logs.tgz, logs_2.tgz, ...): an earlier one is kept
     (cd "$OUT" && files=$(ls *.log *.txt 2>/dev/null || true) && [ -n "$files" ] || exit 0
