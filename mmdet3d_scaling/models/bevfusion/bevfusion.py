@@ -338,8 +338,11 @@ class BEVFusion(Base3DDetector):
     def extract_feat(self, batch_inputs_dict: dict, batch_input_metas: List[dict],
                      **kwargs):
         """Fused (or LiDAR-only) BEV features after the BEV backbone and neck."""
-        return self.pts_neck(self.pts_backbone(
-            self.extract_bev(batch_inputs_dict, batch_input_metas)))
+        return self._decode_bev(self.extract_bev(batch_inputs_dict, batch_input_metas))
+
+    def _decode_bev(self, bev: Tensor):
+        """The BEV backbone and neck on a BEV map."""
+        return self.pts_neck(self.pts_backbone(bev))
 
     def _camera_feat(self, imgs: Tensor, points: List[Tensor], metas: List[dict]) -> Tensor:
         """The camera BEV map of ``imgs`` (contiguous) and a copy of the points."""
@@ -355,8 +358,7 @@ class BEVFusion(Base3DDetector):
             chain = tuple(getattr(self, part) for part in GRAPHABLE['bev_head'])
             return dict(self.bbox_head.loss_of_forward(
                 lambda: self._graph_cache.run('bev_head', chain, bev), batch_data_samples))
-        feats = self.pts_neck(self.pts_backbone(bev))
-        return dict(self.bbox_head.loss(feats, batch_data_samples))
+        return dict(self.bbox_head.loss(self._decode_bev(bev), batch_data_samples))
 
     def predict(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
                 batch_data_samples: List[Det3DDataSample],
