@@ -87,7 +87,7 @@ for stage in "$@"; do
     cuda_side() {
       local side=$1 pp=$NOSP; [ "$1" = spconv ] && pp=$SP
       PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-200}" python -m pytest -q \
-        -p no:cacheprovider -m cuda -n "$workers" tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
+        -p no:cacheprovider -m cuda -n "$workers" --durations=15 tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
       echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
     }
     if [ "$together" = 1 ]; then
