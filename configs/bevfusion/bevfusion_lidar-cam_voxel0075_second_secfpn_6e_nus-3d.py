@@ -80,8 +80,8 @@ model = dict(
     fusion_layer=dict(type='ConvFuser', in_channels=[80, 256], out_channels=256),
     # Swin-T + neck as one CUDA graph in training (forward and backward; ~800 small
     # launches become one; eager where it cannot apply, said at start). [] turns it off;
-    # 'bev_head' would add the BEV backbone, neck and head forward (off: not measured
-    # in training yet).
+    # 'bev_head' adds the BEV backbone, neck and head (on in the 1xb4-acc8 config, where
+    # it was measured; not yet measured with the 24 GiB fit or at batch 2).
     cuda_graphs=['img_encoder'],
     # the LiDAR branch on a CUDA stream of its own while the camera branch runs: its
     # waits (voxel counts, sparse-conv indices) no longer drain the camera's queue

@@ -3,8 +3,12 @@ beside the camera branch; the same losses and gradients as one stream. On the CP
 key changes nothing (one stream); a LiDAR-only model with it is a clear error.
 
 The CUDA comparison runs a deterministic model (mmcv's sparse conv, BEV pooling
-without atomics): with spconv on the H100 two runs differed by 0.5 % in a class loss
-(another Hungarian match), which says nothing about the streams."""
+without atomics) in full float32 (no TF32, cuDNN's deterministic algorithms): with
+spconv on the H100 two runs differed by 0.5 % in a class loss (another Hungarian
+match), and with TF32 convolutions a last-bit difference of an atomic sum became a
+TF32 rounding step (the heatmap loss 3e-4 of itself apart, call F1); neither says
+anything about the streams."""
+import contextlib
 import copy
 import importlib.util
 
@@ -39,7 +43,26 @@ def _deterministic_cfg(device: str) -> dict:
     return cfg
 
 
+@contextlib.contextmanager
+def _full_float32():
+    """cuDNN and matmuls in full float32 with deterministic algorithms, restored after."""
+    flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+    try:
+        yield
+    finally:
+        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
+         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
+
+
 def _compare(device: str, tol: float) -> None:
+    with _full_float32():
+        _compare_in_float32(device, tol)
+
+
+def _compare_in_float32(device: str, tol: float) -> None:
     torch.manual_seed(0)
     plain_cfg = _deterministic_cfg(device)
     state = build(plain_cfg).state_dict()
