@@ -15,8 +15,7 @@ scaling = dict(total_batch_size=32, base_batch_size=32, lr_scaling='linear',
 # decoding"; the bf16 step trains ~16). One GPU's share of a host's cores; on
 # several GPUs a process each keeps the official 4.
 train_dataloader = dict(batch_size=4, num_workers=8)
-# The BEV backbone, neck and head forward captured as a CUDA graph too (forward and
-# backward), beside Swin-T + neck: 24.393 against 21.539 samples/s on one H100 (calls F2
-# and F1, docs/bevfusion.md "CUDA graphs"). One process only; the graphed chain equals
-# the eager one over accumulated micro-batches (tests/models/bevfusion/test_bev_head_graph.py).
+# The BEV backbone, neck and head as a CUDA graph too (forward and backward), beside
+# Swin-T + neck; one process only. Measured speed-up and the equality test:
+# docs/bevfusion.md "CUDA graphs".
 model = dict(cuda_graphs=['img_encoder', 'bev_head'])

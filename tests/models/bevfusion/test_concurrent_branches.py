@@ -8,7 +8,6 @@ spconv on the H100 two runs differed by 0.5 % in a class loss (another Hungarian
 match), and with TF32 convolutions a last-bit difference of an atomic sum became a
 TF32 rounding step (the heatmap loss 3e-4 of itself apart, call F1); neither says
 anything about the streams."""
-import contextlib
 import copy
 import importlib.util
 
@@ -43,26 +42,7 @@ def _deterministic_cfg(device: str) -> dict:
     return cfg
 
 
-@contextlib.contextmanager
-def _full_float32():
-    """cuDNN and matmuls in full float32 with deterministic algorithms, restored after."""
-    flags = (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-             torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
-    torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
-    try:
-        yield
-    finally:
-        (torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32,
-         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark) = flags
-
-
 def _compare(device: str, tol: float) -> None:
-    with _full_float32():
-        _compare_in_float32(device, tol)
-
-
-def _compare_in_float32(device: str, tol: float) -> None:
     torch.manual_seed(0)
     plain_cfg = _deterministic_cfg(device)
     state = build(plain_cfg).state_dict()
@@ -94,9 +74,14 @@ def test_lidar_only_with_it_is_an_error():
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
-def test_same_losses_and_gradients_on_cuda():
+def test_same_losses_and_gradients_on_cuda(monkeypatch):
     """Scatters with atomic additions (sparse-conv gradients) may still sum in another
     order."""
+    # one convolution algorithm and full fp32 on both sides
+    monkeypatch.setattr(torch.backends.cudnn, 'allow_tf32', False)
+    monkeypatch.setattr(torch.backends.cudnn, 'deterministic', True)
+    monkeypatch.setattr(torch.backends.cudnn, 'benchmark', False)
+    monkeypatch.setattr(torch.backends.cuda.matmul, 'allow_tf32', False)
     _compare('cuda', tol=1e-4)
 
 
