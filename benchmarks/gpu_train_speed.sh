@@ -116,7 +116,7 @@ for stage in "$@"; do
     nuscenes; kitti
     STEP="python tools/analysis/benchmark_train_step.py"
     [[ " ${PROFILE_MODELS:-bevfusion pv_rcnn} " == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
-      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 8 --profile 2 \
+      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 16 --profile 2 \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
       --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
     grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160

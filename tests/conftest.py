@@ -12,6 +12,8 @@ import os
 import pytest
 import torch
 
+from tests.devices import release_cuda_local_memory
+
 if os.environ.get('PYTEST_XDIST_WORKER'):
     torch.set_num_threads(1)
 
@@ -29,6 +31,16 @@ def _restore_threads_and_cpus():
         torch.set_num_threads(_THREADS)
     if _CPUS is not None and os.sched_getaffinity(0) != _CPUS:
         os.sched_setaffinity(0, _CPUS)
+
+
+@pytest.fixture(autouse=True)
+def _release_cuda_memory():
+    """After a test that used the GPU, this worker gives back the local memory the
+    driver kept and the allocator's cache, so that the other workers and their
+    subprocesses on the same card find it (``tests.devices.release_cuda_local_memory``)."""
+    yield
+    if torch.cuda.is_initialized():
+        release_cuda_local_memory()
 
 
 def pytest_collection_modifyitems(config, items) -> None:

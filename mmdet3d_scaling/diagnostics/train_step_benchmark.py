@@ -12,6 +12,10 @@ plugin's or stock mmdet3d's), at a given micro-batch and precision:
 - ``peak_allocated_gib`` / ``peak_reserved_gib``: the allocator's peaks over the measured
   iterations, with the peak statistics reset after the warm-up, so cuDNN autotune
   workspaces of the first iterations are not counted;
+- ``nvml_util_pct``: NVML's GPU utilisation (the share of time a kernel ran, sampled by
+  the driver) over the measured micro-batches, with no profiler attached; None without
+  ``nvidia-ml-py`` or NVML. The profile's busy share below is lower by the profiler's
+  own host cost per op (the profiled micro-batches take longer than the measured ones);
 - ``profile``: the GPU's busy share over the profiled iterations (union of kernel
   intervals / wall time), the top kernels by GPU time with their share, and ``stages``:
   where in the step the GPU sits idle (:mod:`.step_stages`);
@@ -35,6 +39,7 @@ from mmengine.hooks import Hook
 from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
 from mmdet3d_scaling.diagnostics.step_stages import (STEP, StepRange, is_kernel,
                                                      labelled_stages, merge, stage_table)
+from mmdet3d_scaling.monitoring.nvml_sampler import NvmlSampler
 from mmdet3d_scaling.utils import unwrap_model
 
 GIB = 2 ** 30
@@ -112,6 +117,15 @@ def kernel_summary(prof: Any, iters: int, wall_s: float, top: int = 12) -> Dict[
                      for name, us in rows])
 
 
+def _open_nvml() -> Optional[Any]:
+    """An NVML sampler of the current CUDA device, or None where NVML is not usable."""
+    try:
+        import pynvml
+        return NvmlSampler(pynvml, torch.cuda.current_device())
+    except Exception:  # no nvidia-ml-py, no driver library: the figure is left out
+        return None
+
+
 class TrainStepProbe(Hook):
     """Times micro-batches, reads peak memory after the warm-up, profiles the last ones.
 
@@ -149,6 +163,8 @@ class TrainStepProbe(Hook):
         self._prof_t = 0.0
         self._stages = None
         self._step = StepRange()
+        self._nvml = None
+        self.nvml_util_pct: Optional[float] = None
 
     def _window_edge(self, it: int) -> bool:
         """Whether iteration ``it`` (0-based) starts the measured or the profiled window."""
@@ -170,6 +186,7 @@ class TrainStepProbe(Hook):
         if self._recorder is not None:
             self._open.open.append(STEP)  # the step's own glue: '(step, unlabelled)'
         if runner.iter == self.warmup:
+            self._nvml = _open_nvml()  # its first read drops the warm-up's samples
             self._window_t = time.perf_counter()
         if self._prof is not None:
             self._step.open()
@@ -193,6 +210,10 @@ class TrainStepProbe(Hook):
             self.window_s = time.perf_counter() - self._window_t
             self.peaks = (torch.cuda.max_memory_allocated(),
                           torch.cuda.max_memory_reserved())
+            if self._nvml is not None:
+                self.nvml_util_pct = self._nvml.read().get('util_pct')
+                self._nvml.close()
+                self._nvml = None
         if self._prof is not None and done == self.warmup + self.iters + self.profile:
             wall = time.perf_counter() - self._prof_t
             self._stages.__exit__(None, None, None)
@@ -235,4 +256,4 @@ class TrainStepProbe(Hook):
                     median_s_per_micro_batch=median, samples_per_s=rate,
                     peak_allocated_gib=self.peaks[0] / GIB,
                     peak_reserved_gib=self.peaks[1] / GIB,
-                    profile=self.summary, sync_sites=self.sites)
+                    nvml_util_pct=self.nvml_util_pct, profile=self.summary, sync_sites=self.sites)

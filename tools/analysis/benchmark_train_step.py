@@ -113,7 +113,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         results.append(result)
         brief = {k: result.get(k) for k in ('precision', 'samples_per_s',
                                             'peak_allocated_gib', 'peak_reserved_gib',
-                                            'error')}
+                                            'nvml_util_pct', 'error')}
         prof = result.get('profile') or {}
         print(f'[step] {json.dumps(brief)}', flush=True)
         if prof:
