@@ -23,7 +23,7 @@
 # more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
 # default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests);
 # CUDA_TESTS_TOGETHER=1 (cuda_tests): both sides at once, half the workers each.
-# Stages: tests data encoders encoder_profile upstream_build bevfusion pv_rcnn second
+# Stages: tests data encoders encoder_profile local_memory upstream_build bevfusion pv_rcnn second
 #         profile (where the step waits, with spconv: tools/analysis/benchmark_train_step.py)
 #         fit_table
 #         cuda_tests (every `-m cuda` test, without spconv and with it)
@@ -108,19 +108,24 @@ for stage in "$@"; do
     PYTHONPATH=$NOSP $B --batched --out "$OUT/sparse_encoders_mmcv_batched.json" 2>&1 | tail -6
     PYTHONPATH=$SP $B --out "$OUT/sparse_encoders_spconv.json" 2>&1 | tail -6
     ;;
+  local_memory)  # device memory the driver keeps after mmcv's strided sparse conv
+    PYTHONPATH=$NOSP python benchmarks/mmcv_local_memory.py --out "$OUT/mmcv_local_memory.json"
+    ;;
   encoder_profile)  # where the batched op's time goes (top kernels of one step)
     PYTHONPATH=$NOSP python benchmarks/sparse_conv.py --models bevfusion,second --batched \
       --repeats 2 --profile 2>&1 | tail -40
     ;;
   profile)  # stage tables (GPU busy, idle ms, launches, waits) of ours with spconv
-    nuscenes; kitti
+    models=" ${PROFILE_MODELS:-bevfusion pv_rcnn} "
+    [[ $models == *" bevfusion "* ]] && nuscenes
+    [[ $models == *" pv_rcnn "* ]] && kitti
     STEP="python tools/analysis/benchmark_train_step.py"
-    [[ " ${PROFILE_MODELS:-bevfusion pv_rcnn} " == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
+    [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
       --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 16 --profile 2 \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
       --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
     grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160
-    [[ " ${PROFILE_MODELS:-bevfusion pv_rcnn} " == *" pv_rcnn "* ]] || continue
+    [[ $models == *" pv_rcnn "* ]] || continue
     PYTHONPATH=$SP $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 \
       --workers 6 --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_spconv_profile.json" \
       > "$OUT/pv_rcnn_b8_spconv_profile.log" 2>&1

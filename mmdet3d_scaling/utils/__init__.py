@@ -4,6 +4,9 @@ The bottom layer: modules here import only the standard library, torch and mmeng
 never another part of ``mmdet3d_scaling``, so anything can import them without a cycle
 (and the scaling benchmark's worker can load them in a stock run without the plugin).
 
+- :mod:`.cuda_local_memory`: :func:`~.cuda_local_memory.kept_bytes` and
+  :func:`~.cuda_local_memory.release`, the device memory the CUDA driver keeps for
+  kernels' local memory outside PyTorch.
 - :mod:`.device_copy`: :func:`~.device_copy.to_device`, a host tensor to the GPU
   without waiting for its queue, and :class:`~.device_copy.HostCopy`, the other way.
 - :mod:`.model`: :func:`~.model.unwrap_model`, the module inside a model wrapper.
