@@ -18,7 +18,9 @@
 # VARIANTS (bevfusion): "NAME=OPTION OPTION;...", ours bf16 once more per entry with those
 # --cfg-options; FIT_1GPU=1 (bevfusion): configs/bevfusion_1gpu.py as users run it;
 # OURS_OPTIONS (bevfusion): --cfg-options added to every run of ours;
-# PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; TEST_FILES (tests).
+# PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; STEP_OPTIONS (profile): more
+# --cfg-options for BEVFusion; TRACE=1 (profile): BEVFusion's Chrome trace of the
+# profiled micro-batches as $OUT/bevfusion_b4_spconv_trace.json.gz; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
 # more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
 # default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests);
@@ -123,6 +125,7 @@ for stage in "$@"; do
     [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
       --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 16 --profile 2 \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
+      ${TRACE:+--trace "$OUT/bevfusion_b4_spconv_trace.json.gz"} \
       --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
     grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160
     [[ $models == *" pv_rcnn "* ]] || continue

@@ -28,7 +28,11 @@ The run is mmengine's own (``Runner.from_cfg`` or the config's ``runner_type``) 
 iteration-based loop of ``warmup + iters + profile`` micro-batches, accumulation 1, no
 validation and no checkpoints.
 """
+import gzip
+import os
+import shutil
 import statistics
+import tempfile
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -117,6 +121,19 @@ def kernel_summary(prof: Any, iters: int, wall_s: float, top: int = 12) -> Dict[
                      for name, us in rows])
 
 
+def write_trace(prof: Any, path: str) -> None:
+    """The profile's Chrome trace (``chrome://tracing``, Perfetto) at ``path``,
+    gzip-compressed where ``path`` ends in ``.gz``."""
+    if not path.endswith('.gz'):
+        prof.export_chrome_trace(path)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        plain = os.path.join(tmp, 'trace.json')
+        prof.export_chrome_trace(plain)
+        with open(plain, 'rb') as src, gzip.open(path, 'wb') as dst:
+            shutil.copyfileobj(src, dst)
+
+
 def _open_nvml() -> Optional[Any]:
     """An NVML sampler of the current CUDA device, or None where NVML is not usable."""
     try:
@@ -140,15 +157,19 @@ class TrainStepProbe(Hook):
             measured and the profiled window, as training runs.
         sync_sites (int): micro-batches after the profiled ones in which host waits
             are counted by stage and call site. Default 0: none.
+        trace (str, optional): write the profiled micro-batches' Chrome trace here
+            (gzip-compressed where the name ends in ``.gz``). Default None: none.
     """
 
     priority = 'VERY_LOW'
 
     def __init__(self, warmup: int, iters: int, profile: int, batch: int,
-                 sync_each_iter: bool = False, sync_sites: int = 0) -> None:
+                 sync_each_iter: bool = False, sync_sites: int = 0,
+                 trace: Optional[str] = None) -> None:
         self.warmup, self.iters, self.profile, self.batch = warmup, iters, profile, batch
         self.sync_each_iter = sync_each_iter
         self.sync_sites = sync_sites
+        self.trace = trace
         self.sites: Optional[list] = None
         self._recorder: Optional[SyncSiteRecorder] = None
         self._site_stages = None
@@ -218,6 +239,8 @@ class TrainStepProbe(Hook):
             wall = time.perf_counter() - self._prof_t
             self._stages.__exit__(None, None, None)
             self._prof.__exit__(None, None, None)
+            if self.trace:
+                write_trace(self._prof, self.trace)
             self.summary = kernel_summary(self._prof, self.profile, wall)
             self.summary['stages'] = stage_table(self._prof)
             self._prof = self._stages = None

@@ -1,9 +1,15 @@
-"""The train-step benchmark's pure parts: busy share and the config it trains."""
+"""The train-step benchmark's pure parts: busy share, the config it trains, the trace
+file."""
+import gzip
+import json
+
 import pytest
+import torch
 from mmengine.config import Config
 
 import mmdet3d_scaling  # noqa: F401
-from mmdet3d_scaling.diagnostics.train_step_benchmark import busy_share, configure
+from mmdet3d_scaling.diagnostics.train_step_benchmark import (busy_share, configure,
+                                                              write_trace)
 
 BEVFUSION = 'configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py'
 ONE_GPU = 'configs/bevfusion_1gpu.py'
@@ -43,3 +49,16 @@ def test_configure_drops_the_hooks_that_change_a_micro_batch_or_its_memory_peaks
     assert not any('GPUMonitor' in k or 'AutoBatchSize' in k or 'Cumulative' in k
                    for k in kinds)
     assert 'NonFiniteGuardHook' in kinds  # the rest stay
+
+
+@pytest.mark.parametrize('name', ['trace.json', 'trace.json.gz'])
+def test_write_trace_writes_a_chrome_trace(tmp_path, name):
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(8, 8).matmul(torch.ones(8, 8))
+    path = tmp_path / name
+    write_trace(prof, str(path))
+    opener = gzip.open if name.endswith('.gz') else open
+    with opener(path, 'rt') as f:
+        events = json.load(f)['traceEvents']
+    assert any('mm' in e.get('name', '') for e in events)

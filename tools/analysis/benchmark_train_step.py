@@ -46,6 +46,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                    help='limit this process to this much GPU memory (0: no cap)')
     p.add_argument('--stock', action='store_true',
                    help='do not import mmdet3d_scaling (stock mmdet3d)')
+    p.add_argument('--trace', default=None,
+                   help='write the profiled micro-batches\' Chrome trace here '
+                        '(.json, or .json.gz compressed)')
     p.add_argument('--sync-each-iter', action='store_true',
                    help='synchronise with the GPU around every micro-batch (isolated '
                         'steps; default: only at the ends of the measured window)')
@@ -68,7 +71,8 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
     probe = TrainStepProbe(args.warmup, args.iters, args.profile, args.batch,
-                           sync_each_iter=args.sync_each_iter, sync_sites=args.sync_sites)
+                           sync_each_iter=args.sync_each_iter, sync_sites=args.sync_sites,
+                           trace=args.trace)
     configure(cfg, args.batch, precision, probe.last_iteration, args.workers)
     cfg.work_dir = osp.join(args.work_dir, precision)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
