@@ -34,6 +34,22 @@ __all__ = ['GPUMonitorHook', 'batch_size_of']
 DATA_BATCH = Optional[Union[dict, tuple, list]]
 PREFIX = 'train/gpu_'
 AMP_PREFIX = 'train/amp/'
+#: ``mem_local_mb`` above this (MiB) is named once a run: memory the allocator cannot use
+LOCAL_MEMORY_WARN_MB = 1024
+
+
+def local_memory_warning(local_mb: Optional[float], iteration: int) -> Optional[str]:
+    """The warning for ``local_mb`` MiB of kept local memory, or None below
+    :data:`LOCAL_MEMORY_WARN_MB` (or where the driver could not say)."""
+    if local_mb is None or local_mb <= LOCAL_MEMORY_WARN_MB:
+        return None
+    return (f'GPUMonitorHook: at iteration {iteration} the CUDA driver keeps '
+            f'{local_mb / 1024:.1f} GiB of this GPU for kernels\' local memory '
+            '(gpu_mem_local_mb), outside PyTorch\'s allocator, which cannot use it. '
+            "mmcv's strided sparse convolution does this (mmdet3d's sparse encoders "
+            'without spconv): install spconv 2.x (pip install "mmdet3d-scaling'
+            '[spconv-cu126]" or the spconv wheel of your CUDA); see '
+            'docs/failure_modes.md#memory.')
 
 
 class _IterEndStamp(Hook):
@@ -60,7 +76,9 @@ class GPUMonitorHook(Hook):
 
     Written to the message hub as ``train/gpu_<key>`` (see ``docs/monitoring.md``):
     ``mem_alloc_mb``, ``mem_reserved_mb``, ``mem_peak_mb`` (torch's caching allocator,
-    MiB); ``util_pct``, ``nvml_mem_used_mb``, ``power_w``, ``temp_c`` (NVML, for this
+    MiB); ``mem_local_mb`` (what the CUDA driver keeps for kernels' local memory,
+    outside the allocator; a warning once a run above 1 GiB names the likely cause,
+    mmcv's strided sparse conv); ``util_pct``, ``nvml_mem_used_mb``, ``power_w``, ``temp_c`` (NVML, for this
     rank's device); ``samples_per_s``, ``samples_per_s_global``, ``data_wait_share``;
     with ``across_ranks``: ``<key>_min`` / ``<key>_max`` for ``samples_per_s``,
     ``data_wait_share``, ``mem_peak_mb``, ``util_pct`` and ``data_wait_share_max_rank``.
@@ -142,6 +160,7 @@ class GPUMonitorHook(Hook):
         self._reports = 0
         self._last_warning: Optional[int] = None
         self._batch_size_warned = False
+        self._local_memory_warned = False
         self._stamp: Optional[_IterEndStamp] = None
 
     # -- set-up ---------------------------------------------------------------------
@@ -303,6 +322,7 @@ class GPUMonitorHook(Hook):
         if self._skips is not None:
             self._report_amp(runner)
         self._warn_if_starved(values, worst_wait, runner.iter + 1)
+        self._warn_of_local_memory(values.get('mem_local_mb'), runner.iter + 1)
         self._reports += 1
         self._restart_window(now)
 
@@ -319,6 +339,13 @@ class GPUMonitorHook(Hook):
                 "(amp = dict(dtype='bfloat16' or 'auto')) or a smaller initial scale "
                 "(amp.loss_scale=dict(init_scale=...)); see docs/monitoring.md.",
                 logger='current', level=logging.WARNING)
+
+    def _warn_of_local_memory(self, local_mb: Optional[float], iteration: int) -> None:
+        text = None if self._local_memory_warned else local_memory_warning(local_mb,
+                                                                             iteration)
+        if text is not None:
+            self._local_memory_warned = True  # once a run: it stays until released
+            print_log(text, logger='current', level=logging.WARNING)
 
     def _warn_if_starved(self, values: Dict[str, float], share: Optional[float],
                          iteration: int) -> None:

@@ -9,6 +9,8 @@ from typing import Dict
 
 import torch
 
+from ..utils import cuda_local_memory
+
 MB = 1024 * 1024
 
 
@@ -33,7 +35,10 @@ class CudaMemory:
                               torch.cuda.max_memory_allocated(self.device))
 
     def figures(self, reset_counter: bool) -> Dict[str, float]:
-        """``mem_alloc_mb``, ``mem_reserved_mb``, ``mem_peak_mb`` (MiB) now.
+        """``mem_alloc_mb``, ``mem_reserved_mb``, ``mem_peak_mb`` (MiB) now, and
+        ``mem_local_mb``: what the CUDA driver keeps for kernels' local memory, outside
+        the allocator (:mod:`mmdet3d_scaling.utils.cuda_local_memory`; left out where
+        the driver cannot say).
 
         Args:
             reset_counter: also reset CUDA's peak counter, so that the next peak is the
@@ -42,8 +47,12 @@ class CudaMemory:
         self.fold_peak()
         if reset_counter:
             torch.cuda.reset_peak_memory_stats(self.device)
-        return {
+        values = {
             'mem_alloc_mb': torch.cuda.memory_allocated(self.device) / MB,
             'mem_reserved_mb': torch.cuda.memory_reserved(self.device) / MB,
             'mem_peak_mb': self.peak_bytes / MB,
         }
+        local = cuda_local_memory.kept_bytes(self.device)
+        if local is not None:
+            values['mem_local_mb'] = local / MB
+        return values

@@ -12,6 +12,7 @@ not. Setting the stack-size limit back to CUDA's default gives it back; the next
 launch takes it again.
 """
 import ctypes
+import functools
 from typing import Optional
 
 import torch
@@ -20,6 +21,7 @@ CU_LIMIT_STACK_SIZE = 0  # CUlimit of cuCtxGetLimit / cuCtxSetLimit
 DEFAULT_STACK_BYTES = 1024  # CUDA's default per-thread stack size
 
 
+@functools.lru_cache(maxsize=None)
 def _driver() -> Optional[ctypes.CDLL]:
     try:
         return ctypes.CDLL('libcuda.so.1')

@@ -16,7 +16,8 @@ from mmengine.runner import Runner
 
 import mmdet3d_scaling  # noqa: F401  (registers the hook)
 from mmdet3d.registry import HOOKS
-from mmdet3d_scaling.hooks.gpu_monitor_hook import GPUMonitorHook, batch_size_of
+from mmdet3d_scaling.hooks.gpu_monitor_hook import (GPUMonitorHook, batch_size_of,
+                                                    local_memory_warning)
 from tests.toy import ToyDataset, ToyRegressor, toy_runner_cfg
 
 NO_GPU_MESSAGE = 'GPUMonitorHook: no CUDA device in use'
@@ -66,6 +67,16 @@ def test_registered_and_validates_options():
         GPUMonitorHook(starvation_threshold=1.5)
     with pytest.raises(ValueError, match='starvation_warn_every'):
         GPUMonitorHook(starvation_warn_every=0)
+
+
+def test_kept_local_memory_is_named_above_a_gibibyte():
+    """What mmcv's strided sparse conv keeps on an H100 (16,866 MiB) is named with the
+    way out; small or unknown amounts are not."""
+    assert local_memory_warning(None, 10) is None
+    assert local_memory_warning(512.0, 10) is None
+    text = local_memory_warning(16866.0, 10)
+    assert '16.5 GiB' in text and 'iteration 10' in text
+    assert 'spconv' in text and 'failure_modes.md#memory' in text
 
 
 def test_batch_size_from_common_batch_layouts():

@@ -22,3 +22,11 @@ def test_peak_survives_a_counter_reset():
     assert figures['mem_alloc_mb'] < base + 64
     memory.restart()
     assert memory.figures(reset_counter=False)['mem_peak_mb'] < base + 64
+
+
+def test_the_drivers_kept_local_memory_is_reported():
+    device = torch.device('cuda', torch.cuda.current_device())
+    figures = CudaMemory(device).figures(reset_counter=False)
+    props = torch.cuda.get_device_properties(device)
+    threads = props.multi_processor_count * props.max_threads_per_multi_processor
+    assert figures['mem_local_mb'] >= 1024 * threads / MB  # at least CUDA's 1 KiB a thread
