@@ -78,8 +78,9 @@ class GPUMonitorHook(Hook):
     ``mem_alloc_mb``, ``mem_reserved_mb``, ``mem_peak_mb`` (torch's caching allocator,
     MiB); ``mem_local_mb`` (what the CUDA driver keeps for kernels' local memory,
     outside the allocator; a warning once a run above 1 GiB names the likely cause,
-    mmcv's strided sparse conv); ``util_pct``, ``nvml_mem_used_mb``, ``power_w``, ``temp_c`` (NVML, for this
-    rank's device); ``samples_per_s``, ``samples_per_s_global``, ``data_wait_share``;
+    mmcv's strided sparse conv); ``util_pct``, ``nvml_mem_used_mb``, ``power_w``,
+    ``temp_c`` (NVML, for this rank's device); ``samples_per_s``,
+    ``samples_per_s_global``, ``data_wait_share``;
     with ``across_ranks``: ``<key>_min`` / ``<key>_max`` for ``samples_per_s``,
     ``data_wait_share``, ``mem_peak_mb``, ``util_pct`` and ``data_wait_share_max_rank``.
 
@@ -341,10 +342,11 @@ class GPUMonitorHook(Hook):
                 logger='current', level=logging.WARNING)
 
     def _warn_of_local_memory(self, local_mb: Optional[float], iteration: int) -> None:
-        text = None if self._local_memory_warned else local_memory_warning(local_mb,
-                                                                             iteration)
+        if self._local_memory_warned:  # once a run: the memory stays until released
+            return
+        text = local_memory_warning(local_mb, iteration)
         if text is not None:
-            self._local_memory_warned = True  # once a run: it stays until released
+            self._local_memory_warned = True
             print_log(text, logger='current', level=logging.WARNING)
 
     def _warn_if_starved(self, values: Dict[str, float], share: Optional[float],

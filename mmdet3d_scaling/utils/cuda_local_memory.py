@@ -7,9 +7,9 @@ that the default). ``torch.cuda.memory_reserved`` does not count it and the cach
 allocator cannot use it. mmcv 2.1.0's index kernel of a strided sparse convolution
 (``prepareIndicePairsKernel``) holds a 4096 x 4 int array a thread, 64 KiB: after one
 forward of mmdet3d's ``SparseEncoder`` on mmcv's ops the driver kept 16.5 GiB of an H100
-(132 SMs x 2048 threads x 64 KiB; ``benchmarks/mmcv_local_memory.py``). spconv 2.x does
-not. Setting the stack-size limit back to CUDA's default gives it back; the next such
-launch takes it again.
+(132 SMs x 2048 threads x 64 KiB; ``benchmarks/mmcv_local_memory.py``). With spconv 2.x
+installed mmdet3d does not run that kernel. Setting the stack-size limit back to CUDA's
+default gives the memory back; the next such launch takes it again.
 """
 import ctypes
 import functools
