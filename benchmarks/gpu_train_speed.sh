@@ -21,8 +21,8 @@
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; STEP_OPTIONS (profile): more
 # --cfg-options for BEVFusion; TRACE=1 (profile): BEVFusion's Chrome trace of the
 # profiled micro-batches as $OUT/bevfusion_b4_spconv_trace.json.gz; TEST_FILES (tests).
-# CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 200 (with spconv -n 8 needed
-# more than 80 s on the H200); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
+# CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 330 (with spconv -n 8 ran past
+# 200 s on an H100, call H1); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
 # default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests);
 # CUDA_TESTS_TOGETHER=1 (cuda_tests): both sides at once, half the workers each.
 # Stages: tests data encoders encoder_profile local_memory upstream_build bevfusion pv_rcnn second
@@ -88,9 +88,13 @@ for stage in "$@"; do
     [ "$together" = 1 ] && workers=$(( (workers + 1) / 2 ))
     cuda_side() {
       local side=$1 pp=$NOSP; [ "$1" = spconv ] && pp=$SP
-      PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-200}" python -m pytest -q \
-        -p no:cacheprovider -m cuda -n "$workers" --durations=15 tests > "$OUT/cuda_tests_all_$side.txt" 2>&1
-      echo "[cuda_tests $side rc=$?]" $(tail -1 "$OUT/cuda_tests_all_$side.txt")
+      local log=$OUT/cuda_tests_all_$side.txt
+      # -v: each test's outcome is in the log as it ends, so a run the timeout stops
+      # still names its failures
+      PYTHONPATH=$pp timeout "${CUDA_TEST_TIMEOUT:-330}" python -m pytest -v -rfE \
+        -p no:cacheprovider -m cuda -n "$workers" --durations=15 tests > "$log" 2>&1
+      echo "[cuda_tests $side rc=$?]" $(tail -1 "$log")
+      grep -E '^\[gw[0-9]+\].* (FAILED|ERROR) ' "$log" | sed "s/^/[cuda_tests $side] /"
     }
     if [ "$together" = 1 ]; then
       cuda_side mmcv & cuda_side spconv & wait
@@ -122,8 +126,10 @@ for stage in "$@"; do
     [[ $models == *" bevfusion "* ]] && nuscenes
     [[ $models == *" pv_rcnn "* ]] && kitti
     STEP="python tools/analysis/benchmark_train_step.py"
-    [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP configs/bevfusion/bevfusion_lidar-cam_voxel0075_second_secfpn_6e_nus-3d.py \
-      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --workers 4 --warmup 6 --iters 16 --profile 2 \
+    # the 1xb4 config as users run it (its 8 loader workers, both CUDA graphs), one
+    # micro-batch an optimizer step
+    [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP $BEVFUSION \
+      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 --profile 4 \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
       ${TRACE:+--trace "$OUT/bevfusion_b4_spconv_trace.json.gz"} \
       --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1

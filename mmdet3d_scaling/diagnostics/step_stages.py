@@ -26,7 +26,7 @@ running count as busy: a stage whose idle time is near zero does not hold the GP
 import bisect
 import contextlib
 import functools
-from typing import Any, Dict, Iterator, List, Tuple
+from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
 
 import torch
 from torch import nn
@@ -42,16 +42,31 @@ CHILD_METHODS = ('forward', 'loss', 'loss_and_predict', 'predict', 'get_targets'
 Interval = Tuple[float, float]
 
 
-def is_kernel(event: Any) -> bool:
-    """A GPU activity (kernel, copy, memset), not a GPU-side user annotation."""
-    device = getattr(event, 'device_type', None)
-    if device is None or not str(device).endswith('CUDA'):
-        return False
-    if getattr(event, 'is_user_annotation', False):
-        return False
-    # torch's optimizer ranges ('Optimizer.step#AdamW.step') where a profiler build does
-    # not mark user annotations; kernel names carry no '#'
-    return not event.name.startswith(PREFIX) and '#' not in event.name
+class DeviceActivity(NamedTuple):
+    """One GPU activity (kernel, copy, memset) of a profile, in ``prof.events()``'s time
+    base (microseconds since the trace started)."""
+    name: str
+    start: float
+    stop: float
+    stream: int
+
+
+GPU_ACTIVITIES = ('kernel', 'gpu_memcpy', 'gpu_memset')  # kineto's categories
+
+
+def device_activities(prof: Any) -> List[DeviceActivity]:
+    """Every kernel, copy and memset the profiler recorded, on every stream.
+
+    Read from kineto's own event list by category, as the Chrome trace is written. A
+    filter by name drops real kernels: the names of ATen's elementwise and reduction
+    kernels hold C++ lambdas (``{lambda(float)#1}``), and the busy share computed
+    without them read 61-66 % where the trace shows 78-86 % (BEVFusion, calls H1-H2).
+    """
+    result = prof.profiler.kineto_results
+    origin = result.trace_start_ns()
+    return [DeviceActivity(e.name(), (e.start_ns() - origin) / 1e3,
+                           (e.end_ns() - origin) / 1e3, e.device_resource_id())
+            for e in result.events() if e.activity_type() in GPU_ACTIVITIES]
 
 
 def merge(intervals: List[Interval]) -> List[Interval]:
@@ -115,7 +130,7 @@ def stage_table(prof: Any, top_ops: int = 5) -> List[Dict]:
     The window runs from the first labelled step's start to the last one's end.
     """
     events = prof.events()
-    kernels = [(e.time_range.start, e.time_range.end) for e in events if is_kernel(e)]
+    kernels = [(a.start, a.stop) for a in device_activities(prof)]
     ranges = [(e.time_range.start, e.time_range.end, e.name[len(PREFIX):])
               for e in events
               if e.name.startswith(PREFIX) and not str(e.device_type).endswith('CUDA')]

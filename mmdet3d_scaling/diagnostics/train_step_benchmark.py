@@ -14,12 +14,14 @@ plugin's or stock mmdet3d's), at a given micro-batch and precision:
   workspaces of the first iterations are not counted;
 - ``nvml_util_pct``: NVML's GPU utilisation (the share of time a kernel ran, sampled by
   the driver) over the measured micro-batches, with no profiler attached; None without
-  ``nvidia-ml-py`` or NVML. It can read far higher than the profile's busy share below
-  (92 % against 66 % for BEVFusion on an H100, docs/benchmarks.md): the driver's
-  sampling resolution is not documented, the profiler sees every gap;
-- ``profile``: the GPU's busy share over the profiled iterations (union of kernel
-  intervals / wall time), the top kernels by GPU time with their share, and ``stages``:
-  where in the step the GPU sits idle (:mod:`.step_stages`);
+  ``nvidia-ml-py`` or NVML. It reads higher than the profile's busy share below (87.6 %
+  against 79.3 % for BEVFusion on an H100, docs/benchmarks.md): the driver's sampling
+  resolution is not documented, the profiler sees every gap;
+- ``profile``: the GPU's busy share over the profiled iterations (union of the
+  intervals of every kernel, copy and memset, :func:`.step_stages.device_activities`,
+  over the wall time), the top kernels by GPU time with their share, and ``stages``:
+  where in the step the GPU sits idle (:mod:`.step_stages`); ``trace`` saves the
+  profiled iterations' Chrome trace, which ``tools/analysis/trace_busy.py`` reads back;
 - ``sync_sites``: in micro-batches after the profiled ones, each host wait for the GPU
   by stage and Python call site (torch's sync debug mode, :class:`.SyncSiteRecorder`):
   which lines of a stage with many ``syncs`` make them. A window of its own, since the
@@ -42,7 +44,7 @@ from mmengine.config import Config
 from mmengine.hooks import Hook
 
 from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
-from mmdet3d_scaling.diagnostics.step_stages import (STEP, StepRange, is_kernel,
+from mmdet3d_scaling.diagnostics.step_stages import (STEP, StepRange, device_activities,
                                                      labelled_stages, merge, stage_table)
 from mmdet3d_scaling.monitoring.nvml_sampler import open_nvml
 from mmdet3d_scaling.utils import unwrap_model
@@ -105,18 +107,20 @@ def busy_share(intervals: List[Tuple[float, float]], wall_us: float) -> float:
 
 
 def kernel_summary(prof: Any, iters: int, wall_s: float, top: int = 12) -> Dict[str, Any]:
-    """GPU busy share and the top kernels (GPU time per iteration and share of all)."""
-    kernels = [e for e in prof.events() if is_kernel(e)]
-    spans = [(e.time_range.start, e.time_range.end) for e in kernels]
-    total_us = sum(e.time_range.elapsed_us() for e in kernels)
+    """GPU busy share, the top kernels (GPU time per iteration and share of all) and the
+    streams that ran kernels; every GPU activity counts (:func:`device_activities`)."""
+    activities = device_activities(prof)
+    spans = [(a.start, a.stop) for a in activities]
+    total_us = sum(a.stop - a.start for a in activities)
     by_name: Dict[str, float] = {}
-    for e in kernels:
-        by_name[e.name] = by_name.get(e.name, 0.0) + e.time_range.elapsed_us()
+    for a in activities:
+        by_name[a.name] = by_name.get(a.name, 0.0) + a.stop - a.start
     rows = sorted(by_name.items(), key=lambda kv: -kv[1])[:top]
     return dict(
         iterations=iters, wall_ms_per_iter=1e3 * wall_s / iters,
         gpu_busy_share=busy_share(spans, wall_s * 1e6),
         kernel_ms_per_iter=total_us / 1e3 / iters,
+        streams=len({a.stream for a in activities}),
         top_kernels=[dict(name=name[:120], ms_per_iter=us / 1e3 / iters,
                           share=us / total_us if total_us else 0.0)
                      for name, us in rows])

@@ -8,17 +8,34 @@ pinned-memory allocator keeps the host buffer until the copy has run. The other 
 :class:`HostCopy` queues a copy to pinned host memory and waits for it only when the
 values are needed.
 """
+import numpy as np
 import torch
 from torch import Tensor
 
 
+# dtypes NumPy holds bit for bit (not bfloat16)
+_NUMPY_DTYPES = {torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32,
+                 torch.int64, torch.float16, torch.float32, torch.float64}
+
+
 def to_device(host: Tensor, device: torch.device) -> Tensor:
     """``host`` on ``device``: on a GPU pinned, then a non-blocking copy (queued, no
-    wait); on the CPU ``host`` itself."""
+    wait); on the CPU ``host`` itself.
+
+    The copy into pinned memory is NumPy's, on this thread: torch's copy of a large
+    tensor wakes its intra-op threads, which a host busy with loader workers schedules
+    late (14.5 ms for a 5 MB heatmap on the 16-core GPU machine, call H2).
+    """
     device = torch.device(device)
     if device.type != 'cuda':
         return host
-    return host.pin_memory().to(device, non_blocking=True)
+    host = host.detach()
+    pinned = torch.empty(host.shape, dtype=host.dtype, pin_memory=True)
+    if host.dtype in _NUMPY_DTYPES:
+        np.copyto(pinned.numpy(), host.numpy())
+    else:
+        pinned.copy_(host)
+    return pinned.to(device, non_blocking=True)
 
 
 class HostCopy:

@@ -1,11 +1,16 @@
+import gzip
+import json
+from collections import Counter
+
 import pytest
 import torch
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
 from mmdet3d_scaling.diagnostics.step_stages import (OUTSIDE, BusyTime, StepRange,
-                                                     innermost_segments, labelled_stages,
-                                                     stage_table)
+                                                     device_activities, innermost_segments,
+                                                     labelled_stages, stage_table)
+from mmdet3d_scaling.diagnostics.train_step_benchmark import write_trace
 
 
 def test_busy_time_counts_overlapping_kernels_once():
@@ -181,3 +186,47 @@ def test_a_stage_that_raises_is_closed():
         with pytest.raises(ValueError, match='bad batch'):
             model.head()
         assert stages.open == []
+
+
+def _graph_of(fn, x):
+    """A CUDA graph of ``fn(x)`` (captured after a warm-up on a side stream)."""
+    warm = torch.cuda.Stream()
+    warm.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(warm):
+        fn(x)
+    torch.cuda.current_stream().wait_stream(warm)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(x)
+    return graph
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device')
+def test_device_activities_are_the_traces_on_every_stream_and_in_graphs(tmp_path):
+    """Kernels of the default stream, of a side stream (forward and its backward, which
+    autograd's device thread launches) and of a graph replay: as many, and as long, as
+    the Chrome trace's GPU activities."""
+    x = torch.randn(256, 256, device='cuda')
+    w = torch.randn(256, 256, device='cuda', requires_grad=True)
+    graph = _graph_of(lambda t: (t @ t).relu(), x)
+    side = torch.cuda.Stream()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        (x @ x).sin()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            (x @ w).exp().sum().backward()
+        torch.cuda.current_stream().wait_stream(side)
+        graph.replay()
+        torch.cuda.synchronize()
+    activities = device_activities(prof)
+    assert len({a.stream for a in activities}) >= 2
+    write_trace(prof, str(tmp_path / 'trace.json.gz'))
+    with gzip.open(tmp_path / 'trace.json.gz') as f:
+        trace = json.load(f)['traceEvents']
+    gpu = [e for e in trace if e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset')]
+    ours, theirs = Counter(a.name for a in activities), Counter(e['name'] for e in gpu)
+    assert ours == theirs, (ours - theirs, theirs - ours)
+    assert sum(a.stop - a.start for a in activities) == pytest.approx(
+        sum(e['dur'] for e in gpu), rel=1e-3)

@@ -26,6 +26,7 @@ def test_peak_survives_a_counter_reset():
 
 def test_the_drivers_kept_local_memory_is_reported():
     device = torch.device('cuda', torch.cuda.current_device())
+    torch.zeros(1, device=device)  # a context, as in any run the monitor watches
     figures = CudaMemory(device).figures(reset_counter=False)
     props = torch.cuda.get_device_properties(device)
     threads = props.multi_processor_count * props.max_threads_per_multi_processor

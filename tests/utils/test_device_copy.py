@@ -44,3 +44,14 @@ def test_neither_direction_waits_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode('default')
     assert torch.equal(torch.from_numpy(ahead.numpy()), host * 2)
+
+
+@needs_cuda
+@pytest.mark.cuda
+@pytest.mark.parametrize('dtype', [torch.float32, torch.int64, torch.bool, torch.bfloat16])
+def test_to_device_keeps_the_values_of_any_layout_and_dtype(dtype):
+    """NumPy fills the pinned buffer where it holds the dtype; bfloat16 goes by torch."""
+    host = (torch.arange(60).view(6, 10).t()[::2] % 7).to(dtype)  # not contiguous
+    moved = to_device(host, 'cuda')
+    assert moved.dtype == dtype and moved.shape == host.shape
+    assert torch.equal(moved.cpu(), host)

@@ -353,12 +353,18 @@ class BEVFusion(Base3DDetector):
     def loss(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
              batch_data_samples: List[Det3DDataSample], **kwargs) -> dict:
         metas = [s.metainfo for s in batch_data_samples]
+        # the heatmap targets need only the ground truth: drawn on the host while the
+        # GPU runs the branches (a head without the hook draws them in its loss)
+        start = getattr(self.bbox_head, 'start_heatmap_targets', None)
+        heatmaps = start(batch_data_samples) if start is not None else None
+        extra = {} if heatmaps is None else dict(heatmaps=heatmaps)
         bev = self.extract_bev(batch_inputs_dict, metas)
         if self._graph_cache.applies(bev, self.training) and self.runs_as_graph('bev_head'):
             chain = tuple(getattr(self, part) for part in GRAPHABLE['bev_head'])
             return dict(self.bbox_head.loss_of_forward(
-                lambda: self._graph_cache.run('bev_head', chain, bev), batch_data_samples))
-        return dict(self.bbox_head.loss(self._decode_bev(bev), batch_data_samples))
+                lambda: self._graph_cache.run('bev_head', chain, bev), batch_data_samples,
+                **extra))
+        return dict(self.bbox_head.loss(self._decode_bev(bev), batch_data_samples, **extra))
 
     def predict(self, batch_inputs_dict: Dict[str, Optional[Tensor]],
                 batch_data_samples: List[Det3DDataSample],

@@ -7,9 +7,9 @@ back, the mean IoU read with ``float()``: about twenty host synchronisations a s
 76 for a batch of four nuScenes frames (35 ms of an H200 idle per micro-batch).
 
 Here the ground truth the heatmaps need starts its copy to pinned host memory first
-(``TransFusionHead.loss`` queues it before the head's own kernels) and every sample's
-and decoder layer's cost matrix is computed on the device; the heatmaps are drawn on
-the host while the GPU computes the costs, then the costs travel to the host in one
+(:class:`HeatmapJob`, which BEVFusion starts before its forward) and the heatmaps are
+drawn on a host thread while the GPU runs the forward; every sample's and decoder
+layer's cost matrix is computed on the device, then the costs travel to the host in one
 copy, the one wait; the matches are solved there, every index the targets need is
 computed on the host and sent to the device in one pinned, non-blocking copy, and the
 targets are scattered on the device. The mean IoU stays a device tensor and the
@@ -21,6 +21,7 @@ scipy receives the same numbers (float64 holds every float32 / float16 value), a
 the matches land in the same order as ``PseudoSampler``'s sorted ``nonzero``. Tests
 compare the two paths for equality.
 """
+import threading
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 import numpy as np
@@ -136,14 +137,71 @@ def solve(costs: Sequence[np.ndarray], num_gts: Sequence[int],
     return HostMatches(cat(pos), cat(gt), cat(iou), num_pos)
 
 
-def draw_heatmaps(head, boxes: np.ndarray, num_gts: Sequence[int],
-                  cuda: bool) -> Tuple[Tensor, int]:
-    """``[B, K, X, Y]`` host heatmaps of the batch's ``heatmap_boxes`` (on the host) and
-    their number of peaks (cells equal to 1)."""
+def heatmap_cells_of_batch(head, boxes: np.ndarray, num_gts: Sequence[int],
+                           cuda: bool) -> Tuple[np.ndarray, np.ndarray]:
+    """Set cells (flat indices into ``[B, K, X, Y]``, values) of the batch's heatmaps,
+    drawn on the host from its ``heatmap_boxes`` (:func:`.heatmap_targets.heatmap_cells`)."""
     per_sample = np.split(boxes.astype(np.float32), np.cumsum(num_gts)[:-1])
-    maps = np.stack([head.draw_heatmap_target(torch.from_numpy(b), cuda)
-                     for b in per_sample])
-    return torch.from_numpy(maps), int(np.count_nonzero(maps == 1))
+    per_map = int(np.prod(head.heatmap_shape()))
+    found = [head.heatmap_target_cells(torch.from_numpy(b), cuda) for b in per_sample]
+    return (np.concatenate([c + i * per_map for i, (c, _) in enumerate(found)]),
+            np.concatenate([v for _, v in found]))
+
+
+class HeatmapJob:
+    """A batch's heatmap targets, drawn on the host while the GPU runs the forward.
+
+    Started before the forward: on a GPU the ground truth's boxes are copied to the
+    host at once (one short wait, for the queue ahead of them) and a host thread draws
+    the set cells while the main thread queues the forward; the drawing had taken 16 ms
+    of a host busy with loader workers after the GPU had run out of work (call H2). The
+    thread makes no CUDA call, so a CUDA graph captured meanwhile is safe. On the CPU
+    the cells are drawn when :meth:`heatmaps` asks for them.
+
+    Args:
+        head: the ``TransFusionHead`` (its train_cfg and heatmap shape).
+        gts (list[InstanceData]): the batch's ground truth.
+    """
+
+    def __init__(self, head, gts: Sequence[InstanceData]) -> None:
+        self.head = head
+        self.num_gts = [int(g.bboxes_3d.tensor.shape[0]) for g in gts]
+        self.device = gts[0].labels_3d.device
+        self.boxes = HostCopy(heatmap_boxes(gts))
+        self._outcome: Dict[str, object] = {}
+        self._thread = None
+        if self.device.type == 'cuda':
+            boxes = self.boxes.numpy()  # waits here: the thread then touches no CUDA API
+            self._thread = threading.Thread(target=self._draw, args=(boxes, ),
+                                            name='heatmap-targets', daemon=True)
+            self._thread.start()
+
+    def _draw(self, boxes: np.ndarray) -> None:
+        try:
+            self._outcome['cells'] = heatmap_cells_of_batch(
+                self.head, boxes, self.num_gts, self.device.type == 'cuda')
+        except BaseException as err:  # raised again on the main thread
+            self._outcome['error'] = err
+
+    def heatmaps(self) -> Tuple[Tensor, int]:
+        """``[B, K, X, Y]`` heatmaps on the boxes' device and their number of peaks
+        (cells equal to 1): the cells in one small copy, written into zeros there (the
+        dense maps, 5 MB for four nuScenes frames, took 14.5 ms to pin, call H2)."""
+        if self._thread is None:
+            self._draw(self.boxes.numpy())
+        else:
+            self._thread.join()
+        if 'error' in self._outcome:
+            raise self._outcome['error']
+        cells, values = self._outcome['cells']
+        shape = (len(self.num_gts), *self.head.heatmap_shape())
+        # one copy: the float32 values ride along as their bits, in int64 slots
+        packed = to_device(torch.from_numpy(
+            np.concatenate([cells, values.view(np.int32).astype(np.int64)])), self.device)
+        heatmap = torch.zeros(int(np.prod(shape)), dtype=torch.float32, device=self.device)
+        n = len(cells)
+        heatmap[packed[:n]] = packed[n:].to(torch.int32).view(torch.float32)
+        return heatmap.view(shape), int(np.count_nonzero(values == 1))
 
 
 def scatter_targets(head, dev: MatchCosts, matches: HostMatches,
@@ -189,33 +247,30 @@ def mean_matched_iou(ious: Tensor, num_pos: Sequence[int]) -> Tensor:
 
 
 def batch_targets(head, gts: Sequence[InstanceData], preds: Dict[str, Tensor],
-                  boxes_on_host: Optional[HostCopy] = None) -> Tuple:
+                  heatmaps: Optional[HeatmapJob] = None) -> Tuple:
     """``TransFusionHead.get_targets`` for ``HungarianAssigner3D`` with ``PseudoSampler``.
 
     Args:
-        boxes_on_host: :func:`heatmap_boxes` of ``gts`` already on their way to the host
-            (queued before the head's kernels: the heatmaps are then drawn while the GPU
-            runs them); default: queued here, before the match costs.
+        heatmaps: the batch's :class:`HeatmapJob`, started before the forward (the
+            heatmaps are then drawn while the GPU runs it); default: started here,
+            before the match costs.
 
     Returns:
         tuple: labels ``[B, L*P]``, label_weights, bbox_targets ``[B, L*P, code]``,
         bbox_weights, ious ``[B, L*P]``, num_pos (int), matched_ious (0-dim tensor),
         heatmap ``[B, K, X, Y]``, heatmap peaks (int).
     """
-    if boxes_on_host is None:
-        boxes_on_host = HostCopy(heatmap_boxes(gts))
+    if heatmaps is None:
+        heatmaps = HeatmapJob(head, gts)
     dev = match_costs(head, gts, preds)
     num_gts = [len(g) for g in dev.gt_boxes]
-    device = dev.boxes[0].device
-    # the ground truth alone decides the heatmaps: drawn before the read of the costs,
-    # while the GPU still computes them
-    heatmap, peaks = draw_heatmaps(head, boxes_on_host.numpy(), num_gts,
-                                   cuda=device.type == 'cuda')
-    heatmap = to_device(heatmap, device)
+    # the ground truth alone decides the heatmaps: on the device before the read of
+    # the costs, while the GPU still computes them
+    heatmap, peaks = heatmaps.heatmaps()
     matches = solve(to_host(dev.costs), num_gts, head.num_proposals)  # the one wait
     targets = scatter_targets(head, dev, matches, len(gts))
     return (*targets, sum(matches.num_pos), mean_matched_iou(targets[4], matches.num_pos),
             heatmap, peaks)
 
 
-__all__ = ['batch_targets']
+__all__ = ['HeatmapJob', 'batch_targets']

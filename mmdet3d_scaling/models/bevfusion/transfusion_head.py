@@ -24,9 +24,8 @@ from mmdet3d.registry import MODELS, TASK_UTILS
 from mmdet3d.structures import xywhr2xyxyr
 from mmdet3d_scaling.registry import register
 from .assigners import HeuristicAssigner3D, HungarianAssigner3D
-from .heatmap_targets import box_centres_and_radii, draw_heatmap_array
-from ...utils.device_copy import HostCopy
-from .hungarian_targets import batch_targets, heatmap_boxes
+from .heatmap_targets import box_centres_and_radii, draw_heatmap_array, heatmap_cells
+from .hungarian_targets import HeatmapJob, batch_targets
 
 # Keys of the forward output that are not per-proposal-per-layer.
 _SHARED_KEYS = ('dense_heatmap', 'query_heatmap_score', 'query_labels')
@@ -341,10 +340,10 @@ class TransFusionHead(nn.Module):
 
     def get_targets(self, batch_gt_instances_3d: List[InstanceData],
                     preds: Dict[str, Tensor],
-                    boxes_on_host: Optional[HostCopy] = None) -> Tuple:
+                    heatmaps: Optional[HeatmapJob] = None) -> Tuple:
         """Targets for a batch; ``preds`` is the dict of :meth:`forward_single`;
-        ``boxes_on_host``: the ground truth's heatmap boxes already on their way to the
-        host (batch path only; see :meth:`loss`).
+        ``heatmaps``: the batch's heatmap targets already being drawn (batch path only;
+        see :meth:`start_heatmap_targets`).
 
         With the Hungarian assigner (the official configs) the whole batch is matched
         with one host read (:mod:`.hungarian_targets`); other assigners go sample by
@@ -356,7 +355,7 @@ class TransFusionHead(nn.Module):
             tensor), heatmap ``[B, K, X, Y]``, heatmap peaks (int: cells equal to 1).
         """
         if self._targets_in_batch():
-            return batch_targets(self, batch_gt_instances_3d, preds, boxes_on_host)
+            return batch_targets(self, batch_gt_instances_3d, preds, heatmaps)
         return self.targets_per_sample(batch_gt_instances_3d, preds)
 
     def _targets_in_batch(self) -> bool:
@@ -456,33 +455,58 @@ class TransFusionHead(nn.Module):
     def draw_heatmap_target(self, packed: Tensor, cuda: bool) -> np.ndarray:
         """``[K, X, Y]`` host heatmap of ``[G, D + 1]`` host boxes (gravity centre,
         sizes, ..., then the label); ``cuda``: round as the CUDA loop would."""
+        return draw_heatmap_array(*self._heatmap_geometry(packed, cuda))
+
+    def heatmap_target_cells(self, packed: Tensor,
+                             cuda: bool) -> Tuple[np.ndarray, np.ndarray]:
+        """:meth:`draw_heatmap_target`'s set cells: flat indices into ``[K, X, Y]`` and
+        their values (:func:`.heatmap_targets.heatmap_cells`)."""
+        return heatmap_cells(*self._heatmap_geometry(packed, cuda))
+
+    def heatmap_shape(self) -> Tuple[int, int, int]:
+        """``(K, X, Y)`` of the heatmap target."""
         cfg = self.train_cfg
         osf = cfg['out_size_factor']
-        x_size = int(cfg['grid_size'][0]) // osf
-        y_size = int(cfg['grid_size'][1]) // osf
+        return (self.num_classes, int(cfg['grid_size'][0]) // osf,
+                int(cfg['grid_size'][1]) // osf)
+
+    def _heatmap_geometry(self, packed: Tensor, cuda: bool) -> tuple:
+        """Labels, centres and radii of the drawable boxes, then ``(K, X, Y)``."""
+        cfg = self.train_cfg
         boxes, labels = packed[:, :-1], packed[:, -1].long()
         keep, centres, radii = box_centres_and_radii(
-            boxes, cfg['voxel_size'], cfg['point_cloud_range'], osf,
+            boxes, cfg['voxel_size'], cfg['point_cloud_range'], cfg['out_size_factor'],
             cfg['gaussian_overlap'], cfg['min_radius'], cuda=cuda)
-        return draw_heatmap_array(labels[keep], centres, radii, self.num_classes,
-                                  x_size, y_size)
+        return (labels[keep], centres, radii, *self.heatmap_shape())
 
-    def loss(self, batch_feats, batch_data_samples) -> Dict[str, Tensor]:
+    def start_heatmap_targets(self, batch_data_samples) -> Optional[HeatmapJob]:
+        """Start drawing the batch's heatmap targets on the host, to overlap the forward
+        that follows (:class:`.hungarian_targets.HeatmapJob`); pass the result to
+        :meth:`loss` or :meth:`loss_of_forward`. None where the targets go sample by
+        sample (an assigner other than Hungarian) or the head has no train_cfg."""
+        if self.train_cfg is None or not self._targets_in_batch():
+            return None
+        return HeatmapJob(self, [s.gt_instances_3d for s in batch_data_samples])
+
+    def loss(self, batch_feats, batch_data_samples,
+             heatmaps: Optional[HeatmapJob] = None) -> Dict[str, Tensor]:
         metas = [s.metainfo for s in batch_data_samples]
-        return self.loss_of_forward(lambda: self(batch_feats, metas), batch_data_samples)
+        return self.loss_of_forward(lambda: self(batch_feats, metas), batch_data_samples,
+                                    heatmaps)
 
     def loss_of_forward(self, forward: Callable[[], Tuple[List[dict]]],
-                        batch_data_samples) -> Dict[str, Tensor]:
+                        batch_data_samples,
+                        heatmaps: Optional[HeatmapJob] = None) -> Dict[str, Tensor]:
         """:meth:`loss` of the predictions ``forward()`` returns (this head's
-        :meth:`forward` on its features, or a CUDA graph of it)."""
+        :meth:`forward` on its features, or a CUDA graph of it); ``heatmaps``: from
+        :meth:`start_heatmap_targets` (default: started here, before the forward)."""
+        if heatmaps is None:
+            heatmaps = self.start_heatmap_targets(batch_data_samples)
         gts = [s.gt_instances_3d for s in batch_data_samples]
-        # the heatmaps need only the ground truth: its boxes start for the host before
-        # the head's kernels are queued, and are drawn there while the GPU runs them
-        boxes = HostCopy(heatmap_boxes(gts)) if self._targets_in_batch() else None
-        return self.loss_by_feat(forward(), gts, boxes_on_host=boxes)
+        return self.loss_by_feat(forward(), gts, heatmaps=heatmaps)
 
     def loss_by_feat(self, preds_dicts, batch_gt_instances_3d: List[InstanceData],
-                     *args, boxes_on_host: Optional[HostCopy] = None,
+                     *args, heatmaps: Optional[HeatmapJob] = None,
                      **kwargs) -> Dict[str, Tensor]:
         """Heatmap focal loss, and per supervised layer class + box losses.
 
@@ -494,7 +518,7 @@ class TransFusionHead(nn.Module):
             raise ValueError('TransFusionHead.loss needs train_cfg.')
         preds = preds_dicts[0][0]
         (labels, label_weights, bbox_targets, bbox_weights, _, num_pos, matched_ious,
-         heatmap, peaks) = self.get_targets(batch_gt_instances_3d, preds, boxes_on_host)
+         heatmap, peaks) = self.get_targets(batch_gt_instances_3d, preds, heatmaps)
 
         losses = dict()
         losses['loss_heatmap'] = self.loss_heatmap(

@@ -97,3 +97,13 @@ def test_head_heatmap_target_equals_upstream_with_the_head_settings(device):
     expected = upstream_heatmap(boxes3d, labels, device, head.train_cfg, head.num_classes)
     assert got.device.type == device and expected.count_nonzero() > 0
     assert torch.equal(got, expected)
+
+
+@pytest.mark.parametrize('label', [-1, CLASSES])
+def test_a_label_outside_the_classes_is_a_clear_error(label):
+    """Upstream's ``heatmap[label]`` raises for ``label >= K`` and draws a negative one
+    into another class; set cells of a batch would land in the next sample's map."""
+    from mmdet3d_scaling.models.bevfusion.heatmap_targets import heatmap_cells
+    with pytest.raises(ValueError, match=f'label {label}'):
+        heatmap_cells(torch.tensor([label]), torch.tensor([[5, 5]], dtype=torch.int32),
+                      torch.tensor([2]), CLASSES, 20, 20)

@@ -59,7 +59,7 @@ def test_head_uses_the_batch_path_and_losses_are_unchanged():
     preds = head(feats, [{}] * 3)
     losses = head.loss_by_feat(preds, copy.deepcopy(gts))
     # the per-sample reference (it takes no prefetched boxes)
-    head.get_targets = lambda gts, preds, boxes_on_host=None: head.targets_per_sample(
+    head.get_targets = lambda gts, preds, heatmaps=None: head.targets_per_sample(
         gts, preds)
     reference = head.loss_by_feat(preds, copy.deepcopy(gts))
     assert set(losses) == set(reference)
@@ -87,7 +87,8 @@ def test_one_host_read_for_the_batch():
             head.targets_per_sample(copy.deepcopy(gts), preds)
 
     def device_reads(census):
-        return {k: n for k, n in census.counts.items() if 'draw_heatmap_target' not in k[0]}
+        return {k: n for k, n in census.counts.items()
+                if not any(f in k[0] for f in ('draw_heatmap_target', '_heatmap_geometry'))}
     reads = device_reads(batch)
     assert sorted(op for _, op in reads) == ['cpu', 'numpy'], reads
     assert all('to_host' in site for site, _ in reads) and sum(reads.values()) == 2, reads
@@ -123,20 +124,23 @@ def test_lidar_iou_equals_mmdet3d_overlaps(device):
 
 
 @pytest.mark.parametrize('device', DEVICES)
-def test_heatmap_boxes_sent_ahead_give_the_same_targets(device):
-    """``TransFusionHead.loss`` sends the ground truth's heatmap boxes to the host before
-    the head runs: the targets equal those of boxes sent within ``batch_targets``."""
-    from mmdet3d_scaling.models.bevfusion.hungarian_targets import heatmap_boxes
-    from mmdet3d_scaling.utils.device_copy import HostCopy
+def test_heatmaps_started_ahead_give_the_same_targets(device):
+    """BEVFusion starts the heatmap drawing before its forward (on a GPU on a host
+    thread): the targets equal those of a job started within ``batch_targets``, and the
+    per-sample path's dense heatmaps."""
+    from mmdet3d_scaling.models.bevfusion.hungarian_targets import HeatmapJob
     head = _head(device, num_layers=2)
     gts, feats = _inputs(device, seed=7, empty=(1, ))
-    ahead = HostCopy(heatmap_boxes(gts))
+    ahead = HeatmapJob(head, gts)
     with torch.no_grad():
         preds = head(feats, [{}] * 3)[0][0]
         ours = batch_targets(head, copy.deepcopy(gts), preds, ahead)
         reference = batch_targets(head, copy.deepcopy(gts), preds)
+        per_sample = head.targets_per_sample(copy.deepcopy(gts), preds)
     for a, b in zip(ours, reference):
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b
+    assert torch.equal(ours[7], per_sample[7]) and ours[8] == per_sample[8]
+    assert ours[8] > 0
 
 
 def test_one_match_cost_computation_a_layer_for_the_batch(monkeypatch):

@@ -1,0 +1,90 @@
+"""GPU busy share and idle time by stage, read from a saved Chrome trace.
+
+``tools/analysis/benchmark_train_step.py --trace FILE`` saves the profiled micro-batches'
+trace; this module reads it back with the stage table's own arithmetic
+(:mod:`.step_stages`): the GPU's activities (kernels, copies, memsets of every stream),
+their union inside the labelled steps, the idle time of each stage, and the longest
+gaps with the stage the host was in. A figure quoted from a trace can so be checked
+against the file, without a GPU.
+"""
+import gzip
+import json
+from typing import Any, Dict, List
+
+from .step_stages import (GPU_ACTIVITIES, NAMES, PREFIX, STEP, BusyTime, innermost_segments,
+                          merge)
+
+
+def load_trace(path: str) -> List[Dict[str, Any]]:
+    """The events of a Chrome trace (``.json`` or gzip-compressed ``.json.gz``)."""
+    opener = gzip.open if path.endswith('.gz') else open
+    with opener(path, 'rt') as f:
+        data = json.load(f)
+    return data['traceEvents'] if isinstance(data, dict) else data
+
+
+NAME_CHARS = 120  # of a kernel's name, as the benchmark's top kernels keep it
+
+
+def trimmed(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The events :func:`trace_busy` reads (the GPU's activities and the stage ranges),
+    with the fields it reads (names cut at ``NAME_CHARS``): a trace a tenth of the size
+    that gives the same figures."""
+    keep = ('ph', 'cat', 'ts', 'dur', 'tid')
+    return [dict({k: e[k] for k in keep if k in e}, name=str(e.get('name', ''))[:NAME_CHARS])
+            for e in events
+            if e.get('ph') == 'X' and (
+                e.get('cat') in GPU_ACTIVITIES
+                or (e.get('cat') == 'user_annotation'
+                    and str(e.get('name', '')).startswith(PREFIX)))]
+
+
+def save_trace(events: List[Dict[str, Any]], path: str) -> None:
+    """``events`` as a Chrome trace at ``path`` (gzip-compressed where it ends in .gz)."""
+    opener = gzip.open if path.endswith('.gz') else open
+    with opener(path, 'wt') as f:
+        json.dump(dict(traceEvents=events), f)
+
+
+def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
+    """Busy share over the labelled steps, idle ms per step by stage, longest gaps.
+
+    Raises:
+        ValueError: the trace holds no ``stage:step`` range (not a trace of the train-
+            step benchmark).
+    """
+    ranges = [(e['ts'], e['ts'] + e['dur'], e['name'][len(PREFIX):]) for e in events
+              if e.get('cat') == 'user_annotation' and e.get('ph') == 'X'
+              and str(e.get('name', '')).startswith(PREFIX)]
+    steps = [r for r in ranges if r[2] == STEP]
+    if not steps:
+        raise ValueError('the trace has no "stage:step" range: save it with '
+                         'tools/analysis/benchmark_train_step.py --trace FILE')
+    start, stop = min(r[0] for r in steps), max(r[1] for r in steps)
+    activities = [(e['ts'], e['ts'] + e['dur']) for e in events
+                  if e.get('cat') in GPU_ACTIVITIES and e.get('ph') == 'X']
+    busy = BusyTime(activities)
+    pieces = [(a, b, NAMES.get(n, n)) for a, b, n in innermost_segments(ranges, start, stop)]
+    idle: Dict[str, float] = {}
+    for a, b, name in pieces:
+        idle[name] = idle.get(name, 0.0) + (b - a) - busy.within(a, b)
+    spans = [(a, b) for a, b in merge(activities) if b > start and a < stop]
+    holes = [(s1, s0) for (_, s1), (s0, _) in zip(spans, spans[1:])]
+    holes.sort(key=lambda h: h[0] - h[1])
+    n = len(steps)
+    wall = stop - start
+    return dict(
+        steps=n, wall_ms_per_step=wall / 1e3 / n,
+        busy_ms_per_step=busy.within(start, stop) / 1e3 / n,
+        gpu_busy_share=busy.within(start, stop) / wall,
+        idle_ms_per_step={k: v / 1e3 / n for k, v in
+                          sorted(idle.items(), key=lambda kv: -kv[1])},
+        longest_gaps=[dict(ms=(b - a) / 1e3, at_ms=(a - start) / 1e3,
+                           stage=_stage_at(pieces, (a + b) / 2)) for a, b in holes[:gaps]])
+
+
+def _stage_at(pieces, t: float) -> str:
+    for a, b, name in pieces:
+        if a <= t <= b:
+            return name
+    return '?'
