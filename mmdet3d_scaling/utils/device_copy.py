@@ -24,7 +24,7 @@ def to_device(host: Tensor, device: torch.device) -> Tensor:
 
     The copy into pinned memory is NumPy's, on this thread: torch's copy of a large
     tensor wakes its intra-op threads, which a host busy with loader workers schedules
-    late (14.5 ms for a 5 MB heatmap on the 16-core GPU machine, call H2).
+    late (about 15 ms for a 5 MB heatmap on the 16-core GPU machine, call H2).
     """
     device = torch.device(device)
     if device.type != 'cuda':
