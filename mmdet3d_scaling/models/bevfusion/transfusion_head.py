@@ -14,6 +14,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule, build_conv_layer
+from mmdet.models.losses import L1Loss
+from mmdet.models.losses.smooth_l1_loss import l1_loss
 from mmdet.models.task_modules import AssignResult, PseudoSampler
 from mmengine.structures import InstanceData
 from torch import Tensor, nn
@@ -540,11 +542,22 @@ class TransFusionHead(nn.Module):
                 cls_score.float(), labels[:, sl].reshape(-1),
                 label_weights[:, sl].reshape(-1), avg_factor=max(num_pos, 1))
             box_preds = torch.cat([preds[k][..., sl] for k in reg_keys], dim=1)
-            losses[f'{prefix}_loss_bbox'] = self.loss_bbox(
+            losses[f'{prefix}_loss_bbox'] = self._box_loss(
                 box_preds.permute(0, 2, 1), bbox_targets[:, sl],
-                bbox_weights[:, sl] * code_weights, avg_factor=max(num_pos, 1))
+                bbox_weights[:, sl] * code_weights, max(num_pos, 1))
         losses['matched_ious'] = matched_ious.detach().to(heatmap.dtype)
         return losses
+
+    def _box_loss(self, pred: Tensor, target: Tensor, weight: Tensor,
+                  avg_factor: int) -> Tensor:
+        """``self.loss_bbox``; for mmdet's ``L1Loss`` its own computation without the
+        ``torch.any(weight > 0)`` test before it, a host read that waits for the GPU.
+        Where every weight is 0 (no positive proposal) both give a loss of 0."""
+        loss = self.loss_bbox
+        if type(loss) is L1Loss:
+            return loss.loss_weight * l1_loss(pred, target, weight, reduction=loss.reduction,
+                                              avg_factor=avg_factor)
+        return loss(pred, target, weight, avg_factor=avg_factor)
 
 
 __all__ = ['TransFusionHead', 'clip_sigmoid']

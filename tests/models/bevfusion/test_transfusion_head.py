@@ -234,3 +234,26 @@ def test_losses_are_normalised_over_the_micro_batch():
         assert together[key].item() == pytest.approx(per_object.item(), rel=1e-4), key
         if key == 'loss_heatmap':
             assert abs(per_frame - per_object) > 0.05 * per_object
+
+
+@pytest.mark.parametrize('positives', [True, False])
+def test_box_loss_is_mmdets_l1_loss_without_its_host_read(positives):
+    """The head computes mmdet's L1Loss itself, without the ``torch.any(weight > 0)``
+    test that waits for the GPU: the same loss and gradient, also with no positive
+    proposal (every weight 0)."""
+    from mmdet3d_scaling.diagnostics.host_reads import HostReadCensus
+    head = build(tiny_head_cfg())
+    g = torch.Generator().manual_seed(0)
+    target = torch.randn(2, 20, 10, generator=g)
+    weight = (torch.rand(2, 20, 10, generator=g) > 0.7).float() * float(positives)
+    results = []
+    for compute in (head._box_loss, head.loss_bbox):
+        pred = torch.randn(2, 20, 10, generator=torch.Generator().manual_seed(1),
+                           requires_grad=True)
+        with HostReadCensus() as census:
+            loss = compute(pred, target, weight, avg_factor=7)
+        loss.backward()
+        results.append((loss.detach(), pred.grad, census.counts))
+    (ours, our_grad, our_reads), (mmdet, mmdet_grad, mmdet_reads) = results
+    assert torch.equal(ours, mmdet) and torch.equal(our_grad, mmdet_grad)
+    assert not our_reads and mmdet_reads  # the read exists upstream, so the test can fail
