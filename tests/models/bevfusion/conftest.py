@@ -1,4 +1,4 @@
-"""BEVFusion tests run torch single-threaded.
+"""BEVFusion tests run torch single-threaded, in mmdet3d's registry scope.
 
 Their ops are small (a few thousand voxels, tens of channels). On a machine whose
 cores are shared, torch's intra-op threads then wait on each other: a 7000 x 16 matmul
@@ -6,6 +6,7 @@ took 22 ms with 2 threads under load and 0.6 ms with 1.
 """
 import pytest
 import torch
+from mmengine.registry import DefaultScope
 
 
 @pytest.fixture(autouse=True)
@@ -14,3 +15,11 @@ def single_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def mmdet3d_scope():
+    """mmdet3d's default scope, whatever an earlier test of this worker left (a Runner
+    leaves 'mmengine', and registries then miss mmdet3d's types)."""
+    with DefaultScope.overwrite_default_scope('mmdet3d'):
+        yield
