@@ -60,7 +60,7 @@ def device_activities(prof: Any) -> List[DeviceActivity]:
     Read from kineto's own event list by category, as the Chrome trace is written. A
     filter by name drops real kernels: the names of ATen's elementwise and reduction
     kernels hold C++ lambdas (``{lambda(float)#1}``), and the busy share computed
-    without them read 61-66 % where the trace shows 78-86 % (BEVFusion, calls H1-H2).
+    without them read 61-66 % where the trace shows 79-87 % (BEVFusion, calls H1-H2).
     """
     result = prof.profiler.kineto_results
     origin = result.trace_start_ns()
@@ -124,6 +124,32 @@ def innermost_segments(ranges: List[Tuple[float, float, str]],
     return pieces
 
 
+Piece = Tuple[float, float, str]
+
+
+def step_pieces(ranges: List[Tuple[float, float, str]]) -> Tuple[int, List[Piece]]:
+    """The number of labelled steps among ``ranges`` (start, stop, stage name without
+    the prefix) and their window, from the first step's start to the last one's end,
+    cut into pieces named by the innermost stage (``NAMES`` applied); (0, []) without
+    steps."""
+    steps = [r for r in ranges if r[2] == STEP]
+    if not steps:
+        return 0, []
+    start, stop = min(r[0] for r in steps), max(r[1] for r in steps)
+    return len(steps), [(a, b, NAMES.get(name, name))
+                        for a, b, name in innermost_segments(ranges, start, stop)]
+
+
+def wall_and_busy(pieces: List[Piece], busy: BusyTime) -> Dict[str, List[float]]:
+    """``[wall, GPU-busy]`` time of each stage over ``pieces``."""
+    times: Dict[str, List[float]] = {}
+    for a, b, name in pieces:
+        row = times.setdefault(name, [0.0, 0.0])
+        row[0] += b - a
+        row[1] += busy.within(a, b)
+    return times
+
+
 def stage_table(prof: Any, top_ops: int = 5) -> List[Dict]:
     """Per stage: wall, GPU-busy and idle milliseconds per step, by idle time.
 
@@ -134,20 +160,11 @@ def stage_table(prof: Any, top_ops: int = 5) -> List[Dict]:
     ranges = [(e.time_range.start, e.time_range.end, e.name[len(PREFIX):])
               for e in events
               if e.name.startswith(PREFIX) and not str(e.device_type).endswith('CUDA')]
-    steps = [r for r in ranges if r[2] == STEP]
-    if not steps:
+    iters, pieces = step_pieces(ranges)
+    if not iters:
         return []
-    iters = len(steps)
-    start_us, stop_us = min(r[0] for r in steps), max(r[1] for r in steps)
-    busy = BusyTime(kernels)
-    pieces = [(a, b, NAMES.get(name, name))
-              for a, b, name in innermost_segments(ranges, start_us, stop_us)]
-    rows: Dict[str, Dict[str, Any]] = {}
-    for a, b, name in pieces:
-        row = rows.setdefault(name, dict(wall=0.0, busy=0.0, launches=0, syncs=0,
-                                         host_reads=0, ops={}))
-        row['wall'] += b - a
-        row['busy'] += busy.within(a, b)
+    rows = {name: dict(wall=wall, busy=busy, launches=0, syncs=0, host_reads=0, ops={})
+            for name, (wall, busy) in wall_and_busy(pieces, BusyTime(kernels)).items()}
     _count_host_calls(events, pieces, rows)
     table = []
     for name, row in rows.items():

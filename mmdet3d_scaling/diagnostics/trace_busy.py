@@ -11,8 +11,8 @@ import gzip
 import json
 from typing import Any, Dict, List
 
-from .step_stages import (GPU_ACTIVITIES, NAMES, PREFIX, STEP, BusyTime, innermost_segments,
-                          merge)
+from .step_stages import (GPU_ACTIVITIES, PREFIX, BusyTime, merge, step_pieces,
+                          wall_and_busy)
 
 
 def load_trace(path: str) -> List[Dict[str, Any]]:
@@ -56,32 +56,27 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
     ranges = [(e['ts'], e['ts'] + e['dur'], e['name'][len(PREFIX):]) for e in events
               if e.get('cat') == 'user_annotation' and e.get('ph') == 'X'
               and str(e.get('name', '')).startswith(PREFIX)]
-    steps = [r for r in ranges if r[2] == STEP]
-    if not steps:
+    n, pieces = step_pieces(ranges)
+    if not n:
         raise ValueError('the trace has no "stage:step" range: save it with '
                          'tools/analysis/benchmark_train_step.py --trace FILE')
-    start, stop = min(r[0] for r in steps), max(r[1] for r in steps)
+    start, stop = pieces[0][0], pieces[-1][1]
     activities = [(e['ts'], e['ts'] + e['dur']) for e in events
                   if e.get('cat') in GPU_ACTIVITIES and e.get('ph') == 'X']
     busy = BusyTime(activities)
-    pieces = [(a, b, NAMES.get(n, n)) for a, b, n in innermost_segments(ranges, start, stop)]
-    idle: Dict[str, float] = {}
-    for a, b, name in pieces:
-        idle[name] = idle.get(name, 0.0) + (b - a) - busy.within(a, b)
+    idle = {name: wall - busy_us
+            for name, (wall, busy_us) in wall_and_busy(pieces, busy).items()}
     spans = [(a, b) for a, b in merge(activities) if b > start and a < stop]
     holes = [(s1, s0) for (_, s1), (s0, _) in zip(spans, spans[1:])]
     holes.sort(key=lambda h: h[0] - h[1])
-    n = len(steps)
-    wall = stop - start
+    busy_us, wall = busy.within(start, stop), stop - start
     return dict(
-        steps=n, wall_ms_per_step=wall / 1e3 / n,
-        busy_ms_per_step=busy.within(start, stop) / 1e3 / n,
-        gpu_busy_share=busy.within(start, stop) / wall,
+        steps=n, wall_ms_per_step=wall / 1e3 / n, busy_ms_per_step=busy_us / 1e3 / n,
+        gpu_busy_share=busy_us / wall,
         idle_ms_per_step={k: v / 1e3 / n for k, v in
                           sorted(idle.items(), key=lambda kv: -kv[1])},
         longest_gaps=[dict(ms=(b - a) / 1e3, at_ms=(a - start) / 1e3,
                            stage=_stage_at(pieces, (a + b) / 2)) for a, b in holes[:gaps]])
-
 
 def _stage_at(pieces, t: float) -> str:
     for a, b, name in pieces:

@@ -151,12 +151,13 @@ def heatmap_cells_of_batch(head, boxes: np.ndarray, num_gts: Sequence[int],
 class HeatmapJob:
     """A batch's heatmap targets, drawn on the host while the GPU runs the forward.
 
-    Started before the forward: on a GPU the ground truth's boxes are copied to the
-    host at once (one short wait, for the queue ahead of them) and a host thread draws
-    the set cells while the main thread queues the forward; the drawing had taken 16 ms
-    of a host busy with loader workers after the GPU had run out of work (call H2). The
-    thread makes no CUDA call, so a CUDA graph captured meanwhile is safe. On the CPU
-    the cells are drawn when :meth:`heatmaps` asks for them.
+    Started before the forward: the ground truth's boxes start for pinned host memory,
+    and on a GPU a host thread waits for that copy and draws the set cells while the
+    main thread queues the forward; the drawing had taken 16 ms of a host busy with
+    loader workers after the GPU had run out of work (call H2). The thread's wait is
+    safe beside a CUDA graph capture: captures run in ``thread_local`` mode
+    (:mod:`mmdet3d_scaling.models.cuda_graphs`). On the CPU the cells are drawn when
+    :meth:`heatmaps` asks for them.
 
     Args:
         head: the ``TransFusionHead`` (its train_cfg and heatmap shape).
@@ -171,15 +172,14 @@ class HeatmapJob:
         self._outcome: Dict[str, object] = {}
         self._thread = None
         if self.device.type == 'cuda':
-            boxes = self.boxes.numpy()  # waits here: the thread then touches no CUDA API
-            self._thread = threading.Thread(target=self._draw, args=(boxes, ),
-                                            name='heatmap-targets', daemon=True)
+            self._thread = threading.Thread(target=self._draw, name='heatmap-targets',
+                                            daemon=True)
             self._thread.start()
 
-    def _draw(self, boxes: np.ndarray) -> None:
+    def _draw(self) -> None:
         try:
             self._outcome['cells'] = heatmap_cells_of_batch(
-                self.head, boxes, self.num_gts, self.device.type == 'cuda')
+                self.head, self.boxes.numpy(), self.num_gts, self.device.type == 'cuda')
         except BaseException as err:  # raised again on the main thread
             self._outcome['error'] = err
 
@@ -188,7 +188,7 @@ class HeatmapJob:
         (cells equal to 1): the cells in one small copy, written into zeros there (the
         dense maps, 5 MB for four nuScenes frames, took about 15 ms to pin, call H2)."""
         if self._thread is None:
-            self._draw(self.boxes.numpy())
+            self._draw()
         else:
             self._thread.join()
         if 'error' in self._outcome:
