@@ -14,7 +14,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from mmcv.cnn import ConvModule, build_conv_layer
-from mmdet.models.losses import L1Loss
+from mmdet.models.losses import FocalLoss, L1Loss
 from mmdet.models.losses.smooth_l1_loss import l1_loss
 from mmdet.models.task_modules import AssignResult, PseudoSampler
 from mmengine.structures import InstanceData
@@ -538,15 +538,28 @@ class TransFusionHead(nn.Module):
             sl = slice(layer * self.num_proposals, (layer + 1) * self.num_proposals)
             cls_score = preds['heatmap'][..., sl].permute(0, 2, 1).reshape(
                 -1, self.num_classes)
-            losses[f'{prefix}_loss_cls'] = self.loss_cls(
+            losses[f'{prefix}_loss_cls'] = self._cls_loss(
                 cls_score.float(), labels[:, sl].reshape(-1),
-                label_weights[:, sl].reshape(-1), avg_factor=max(num_pos, 1))
+                label_weights[:, sl].reshape(-1), max(num_pos, 1))
             box_preds = torch.cat([preds[k][..., sl] for k in reg_keys], dim=1)
             losses[f'{prefix}_loss_bbox'] = self._box_loss(
                 box_preds.permute(0, 2, 1), bbox_targets[:, sl],
                 bbox_weights[:, sl] * code_weights, max(num_pos, 1))
         losses['matched_ious'] = matched_ious.detach().to(heatmap.dtype)
         return losses
+
+    def _cls_loss(self, score: Tensor, labels: Tensor, weight: Tensor,
+                  avg_factor: int) -> Tensor:
+        """``self.loss_cls``; mmdet's sigmoid ``FocalLoss`` is given one-hot targets, so it
+        computes in torch (the path it takes on a CPU) instead of mmcv's CUDA op, whose
+        launchers read ``target.max()`` back for an assert in the forward and again in
+        the backward: two waits for the GPU a decoder layer. Labels equal to
+        ``num_classes`` (background) are rows of zeros, as in mmdet's CPU path; on CUDA
+        the loss and gradient equal mmcv's within float rounding (tested)."""
+        loss = self.loss_cls
+        if type(loss) is FocalLoss and loss.use_sigmoid and not loss.activated:
+            labels = F.one_hot(labels, self.num_classes + 1)[:, :self.num_classes]
+        return loss(score, labels, weight, avg_factor=avg_factor)
 
     def _box_loss(self, pred: Tensor, target: Tensor, weight: Tensor,
                   avg_factor: int) -> Tensor:

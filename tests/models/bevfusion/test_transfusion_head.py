@@ -257,3 +257,57 @@ def test_box_loss_is_mmdets_l1_loss_without_its_host_read(positives):
     (ours, our_grad, our_reads), (mmdet, mmdet_grad, mmdet_reads) = results
     assert torch.equal(ours, mmdet) and torch.equal(our_grad, mmdet_grad)
     assert not our_reads and mmdet_reads  # the read exists upstream, so the test can fail
+
+
+def _class_scores(device: str, requires_grad: bool = True):
+    """Scores ``[N, C]``, labels with background (= C) rows and weights 0 / 1 / 2."""
+    g = torch.Generator().manual_seed(2)
+    n, c = 96, 10
+    score = (torch.randn(n, c, generator=g) * 3).to(device).requires_grad_(requires_grad)
+    labels = torch.randint(0, c + 1, (n, ), generator=g).to(device)
+    weight = torch.randint(0, 3, (n, ), generator=g).float().to(device)
+    return score, labels, weight
+
+
+def _loss_and_grad(compute, score, labels, weight):
+    loss = compute(score, labels, weight, avg_factor=11)
+    grad, = torch.autograd.grad(loss, score)
+    return loss.detach(), grad
+
+
+def test_cls_loss_is_mmdets_focal_loss_on_the_cpu():
+    """On a CPU mmdet's FocalLoss makes the one-hot targets itself: the head's one-hot
+    targets give the same loss and gradient, bit for bit (background rows included)."""
+    head = build(tiny_head_cfg())
+    score, labels, weight = _class_scores('cpu')
+    ours = _loss_and_grad(head._cls_loss, score, labels, weight)
+    mmdet = _loss_and_grad(head.loss_cls, score, labels, weight)
+    assert torch.equal(ours[0], mmdet[0]) and torch.equal(ours[1], mmdet[1])
+    assert ours[0] > 0
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs CUDA')
+def test_cls_loss_on_cuda_is_mmcvs_focal_loss_without_waiting():
+    """On CUDA mmdet's FocalLoss calls mmcv's op, whose forward and backward each read
+    ``target.max()`` back; the head's path gives the same loss and gradient within
+    float rounding and makes no synchronizing call (sync debug mode 'error' raises on
+    mmcv's, so the test can fail)."""
+    head = build(tiny_head_cfg()).cuda()
+    score, labels, weight = _class_scores('cuda')
+    mmcv = _loss_and_grad(head.loss_cls, score, labels, weight)
+    ours = _loss_and_grad(head._cls_loss, score, labels, weight)  # warm-up too
+    torch.cuda.synchronize()
+    for compute, waits in ((head._cls_loss, False), (head.loss_cls, True)):
+        torch.cuda.set_sync_debug_mode('error')
+        try:
+            _loss_and_grad(compute, score, labels, weight)
+            waited = False
+        except RuntimeError as err:
+            assert 'synchronizing' in str(err), err
+            waited = True
+        finally:
+            torch.cuda.set_sync_debug_mode('default')
+        assert waited == waits, compute
+    torch.testing.assert_close(ours[0], mmcv[0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(ours[1], mmcv[1], rtol=1e-4, atol=1e-7)
