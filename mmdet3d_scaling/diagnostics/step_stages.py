@@ -26,10 +26,11 @@ running count as busy: a stage whose idle time is near zero does not hold the GP
 import bisect
 import contextlib
 import functools
-from typing import Any, Dict, Iterator, List, NamedTuple, Tuple
+from typing import Any, Callable, Dict, Iterator, List, NamedTuple, Tuple
 
 import torch
 from torch import nn
+from torch.autograd import DeviceType
 
 PREFIX = 'stage:'
 STEP = 'step'  # the range around each profiled iteration
@@ -64,9 +65,30 @@ def device_activities(prof: Any) -> List[DeviceActivity]:
     """
     result = prof.profiler.kineto_results
     origin = result.trace_start_ns()
+    events = result.events()
+    is_activity = _gpu_activity_test(events)
     return [DeviceActivity(e.name(), (e.start_ns() - origin) / 1e3,
                            (e.end_ns() - origin) / 1e3, e.device_resource_id())
-            for e in result.events() if e.activity_type() in GPU_ACTIVITIES]
+            for e in events if is_activity(e)]
+
+
+def _gpu_activity_test(events: List[Any]) -> Callable[[Any], bool]:
+    """Whether a kineto event is a kernel, copy or memset: by category where the events
+    have ``activity_type()``, else :func:`gpu_activity_by_device` (torch 2.11)."""
+    if not events or hasattr(events[0], 'activity_type'):
+        return lambda e: e.activity_type() in GPU_ACTIVITIES
+    return gpu_activity_by_device(events)
+
+
+def gpu_activity_by_device(events: List[Any]) -> Callable[[Any], bool]:
+    """The test for torch 2.11, whose kineto events have no ``activity_type()`` (it
+    crashed the benchmark in call I1): a CUDA-side event that is no GPU user annotation,
+    told by ``is_user_annotation()`` and, should that mark only the CPU side, by the
+    name of a CPU-side annotation (a ``record_function`` range is on both sides)."""
+    annotations = frozenset(e.name() for e in events if e.device_type() == DeviceType.CPU
+                            and e.is_user_annotation())
+    return lambda e: (e.device_type() == DeviceType.CUDA and not e.is_user_annotation()
+                      and e.name() not in annotations)
 
 
 def merge(intervals: List[Interval]) -> List[Interval]:

@@ -5,10 +5,12 @@ from collections import Counter
 import pytest
 import torch
 from torch import nn
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerActivity, profile, record_function
 
 from mmdet3d_scaling.diagnostics.step_stages import (OUTSIDE, BusyTime, StepRange,
-                                                     device_activities, innermost_segments,
+                                                     device_activities,
+                                                     gpu_activity_by_device,
+                                                     innermost_segments,
                                                      labelled_stages, stage_table)
 from mmdet3d_scaling.diagnostics.train_step_benchmark import write_trace
 
@@ -212,7 +214,8 @@ def test_device_activities_are_the_traces_on_every_stream_and_in_graphs(tmp_path
     graph = _graph_of(lambda t: (t @ t).relu(), x)
     side = torch.cuda.Stream()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, \
+            record_function('stage:annotated'):  # a GPU user annotation, not a kernel
         (x @ x).sin()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -226,7 +229,23 @@ def test_device_activities_are_the_traces_on_every_stream_and_in_graphs(tmp_path
     with gzip.open(tmp_path / 'trace.json.gz') as f:
         trace = json.load(f)['traceEvents']
     gpu = [e for e in trace if e.get('cat') in ('kernel', 'gpu_memcpy', 'gpu_memset')]
-    ours, theirs = Counter(a.name for a in activities), Counter(e['name'] for e in gpu)
-    assert ours == theirs, (ours - theirs, theirs - ours)
+    theirs = Counter(e['name'] for e in gpu)
+    events = prof.profiler.kineto_results.events()
+    by_device = gpu_activity_by_device(events)  # torch 2.11's way, checked on any torch
+    for ours in (Counter(a.name for a in activities),
+                 Counter(e.name() for e in events if by_device(e))):
+        assert ours == theirs, (ours - theirs, theirs - ours)
     assert sum(a.stop - a.start for a in activities) == pytest.approx(
         sum(e['dur'] for e in gpu), rel=1e-3)
+
+
+def test_gpu_activities_of_a_cpu_profile_are_none_either_way():
+    """Both tests of a GPU activity run on real kineto events of this torch (the one by
+    device for torch 2.11 reads only methods its events have) and find none on a CPU."""
+    x = torch.randn(64, 64)
+    with profile(activities=[ProfilerActivity.CPU]) as prof, record_function('stage:a'):
+        (x @ x).sin()
+    events = prof.profiler.kineto_results.events()
+    assert any(e.is_user_annotation() for e in events)
+    assert device_activities(prof) == []
+    assert not any(gpu_activity_by_device(events)(e) for e in events)

@@ -1,15 +1,18 @@
 """``model.concurrent_branches``: BEVFusion's LiDAR branch on a CUDA stream of its own,
 beside the camera branch; the same losses and gradients as one stream. On the CPU the
-key changes nothing (one stream): equal bit for bit. A LiDAR-only model with it is a
-clear error.
+key changes nothing (one stream): the whole model's losses and gradients are equal bit
+for bit. A LiDAR-only model with it is a clear error.
 
-On CUDA the model does not repeat itself exactly, even on one stream in full float32
+On CUDA the whole model does not repeat itself, even on one stream in full float32
 with mmcv's sparse conv, BEV pooling without atomics and cuDNN's deterministic
 algorithms: two one-stream runs gave heatmap losses 129.334 and 129.396 on an H100
-(5e-4 of itself, call H2; the source is not isolated: mmcv's sparse-conv index building
-and several scatters add with atomics, in another order each run). The streams are therefore compared at
-``CUDA_TOL`` = 5e-3, ten times that spread: a stream race (a buffer read before the
-other stream has written it) changes values by far more. The one-stream test checks
+(call H2), and in call I1 they differed beyond 5e-3. The head makes discrete choices
+(the top-k proposals of the heatmap, the Hungarian matching) that turn the last-bit
+differences of atomic additions (sparse-conv index building, scatters) into different
+proposals. So on CUDA the tests compare what the key changes, the branches: the fused
+BEV map that ``extract_bev`` returns and the gradients of a fixed random projection of
+it, at ``CUDA_TOL``. That part is continuous, and a stream race (a buffer read before
+the other stream has written it) changes it by far more. The one-stream test checks
 that the spread stays below the tolerance, which is what makes the comparison mean
 something.
 """
@@ -22,7 +25,7 @@ import torch
 from .common import build
 from .test_lidar_cam_detector import camera_batch, camera_cfg
 
-CUDA_TOL = 5e-3  # ten times the one-stream spread of call H2 (module docstring)
+CUDA_TOL = 1e-3  # of the BEV map's and of each gradient's norm (module docstring)
 needs_spconv = pytest.mark.skipif(importlib.util.find_spec('spconv') is None,
                                   reason='the CPU sparse conv needs spconv')
 
@@ -40,6 +43,21 @@ def _losses_and_grads(cfg: dict, state: dict, batch: dict, device: str):
     return {k: float(v.detach()) for k, v in losses.items() if 'loss' in k}, grads
 
 
+def _bev_and_grads(cfg: dict, state: dict, batch: dict, device: str):
+    """The fused BEV map and the gradients of ``sum(map * R)`` for a fixed random R."""
+    model = build(cfg).to(device).train()
+    model.load_state_dict(state)
+    data = model.data_preprocessor(copy.deepcopy(batch), True)
+    metas = [s.metainfo for s in data['data_samples']]
+    torch.manual_seed(123)  # the same random draws in the branches
+    bev = model.extract_bev(data['inputs'], metas)
+    projection = torch.randn(bev.shape, generator=torch.Generator().manual_seed(7))
+    (bev.float() * projection.to(device)).sum().backward()
+    grads = {n: p.grad.detach().clone() for n, p in model.named_parameters()
+             if p.grad is not None}
+    return bev.detach().float(), grads
+
+
 def _deterministic_cfg(device: str) -> dict:
     if device == 'cpu':
         return camera_cfg()
@@ -48,30 +66,48 @@ def _deterministic_cfg(device: str) -> dict:
     return cfg
 
 
-def _compare(device: str, tol: float, concurrent_branches: bool = True) -> None:
-    """The plain model against the one with ``concurrent_branches`` (with False: against
-    itself, whether the model is deterministic here)."""
+def _runs(device: str, concurrent_branches: bool, run):
+    """``run`` of the plain model and of the one with ``concurrent_branches`` (with
+    False: of the plain model twice)."""
     torch.manual_seed(0)
     plain_cfg = _deterministic_cfg(device)
     state = build(plain_cfg).state_dict()
-    concurrent_cfg = dict(_deterministic_cfg(device), concurrent_branches=concurrent_branches)
+    other_cfg = dict(_deterministic_cfg(device), concurrent_branches=concurrent_branches)
     batch = camera_batch(seed=3)
-    plain = _losses_and_grads(plain_cfg, state, batch, device)
-    concurrent = _losses_and_grads(concurrent_cfg, state, batch, device)
-    assert plain[0].keys() == concurrent[0].keys()
-    for key, value in plain[0].items():
-        assert concurrent[0][key] == pytest.approx(value, rel=tol, abs=tol), key
-    assert plain[1].keys() == concurrent[1].keys()
-    assert any(n.startswith('pts_middle_encoder') for n in plain[1])
-    for name, grad in plain[1].items():
-        error = float((concurrent[1][name] - grad).norm())
-        assert error <= tol * float(grad.norm()) + 1e-7, (name, error)
+    return run(plain_cfg, state, batch, device), run(other_cfg, state, batch, device)
+
+
+def _assert_same_grads(plain: dict, other: dict, tol: float) -> None:
+    assert plain.keys() == other.keys()
+    assert any(n.startswith('pts_middle_encoder') for n in plain)
+    assert any(n.startswith('img_backbone') for n in plain)
+    # a floor of 1e-3 of the whole gradient's norm: a bias before a BatchNorm has a
+    # gradient of about 0, whose relative error is large and means nothing
+    floor = 1e-3 * float(torch.cat([g.flatten().float() for g in plain.values()]).norm())
+    for name, grad in plain.items():
+        error = float((other[name] - grad).norm())
+        assert error <= tol * (float(grad.norm()) + floor), (name, error)
+
+
+def _compare_model(concurrent_branches: bool = True) -> None:
+    """The whole model's losses and gradients, equal bit for bit (on the CPU)."""
+    plain, other = _runs('cpu', concurrent_branches, _losses_and_grads)
+    assert plain[0] == other[0]
+    _assert_same_grads(plain[1], other[1], 0.0)
+
+
+def _compare_branches(concurrent_branches: bool = True) -> None:
+    """The fused BEV map and its gradients within ``CUDA_TOL`` (on CUDA)."""
+    (bev, grads), (other_bev, other_grads) = _runs('cuda', concurrent_branches,
+                                                   _bev_and_grads)
+    assert float((other_bev - bev).norm()) <= CUDA_TOL * float(bev.norm())
+    _assert_same_grads(grads, other_grads, CUDA_TOL)
 
 
 @pytest.mark.slow
 @needs_spconv
 def test_same_losses_and_gradients_on_the_cpu():
-    _compare('cpu', tol=0.0)
+    _compare_model()
 
 
 def test_lidar_only_with_it_is_an_error():
@@ -91,17 +127,17 @@ def _full_fp32(monkeypatch) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_the_compared_model_repeats_itself_on_cuda(monkeypatch):
-    """Two one-stream runs agree within ``CUDA_TOL``: the premise of the stream
-    comparison below."""
+    """Two one-stream runs of the branches agree within ``CUDA_TOL``: the premise of
+    the stream comparison below."""
     _full_fp32(monkeypatch)
-    _compare('cuda', tol=CUDA_TOL, concurrent_branches=False)
+    _compare_branches(concurrent_branches=False)
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_same_losses_and_gradients_on_cuda(monkeypatch):
     _full_fp32(monkeypatch)
-    _compare('cuda', tol=CUDA_TOL)
+    _compare_branches()
 
 
 @pytest.mark.cuda
