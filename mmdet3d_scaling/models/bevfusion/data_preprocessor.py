@@ -1,9 +1,10 @@
 """BEVFusion's data preprocessor: ``Det3DDataPreprocessor`` that also decodes camera
 JPEGs on the model's device when the pipeline deferred them
-(``BEVLoadMultiViewImageFromFiles(decode='gpu')``).
+(``BEVLoadMultiViewImageFromFiles(decode='gpu')``), and in training keeps the
+loader's ground truth on the host for the heatmap targets (:mod:`.host_ground_truth`).
 
 Batches with decoded images (``decode='cpu'``, the default) go straight to
-``Det3DDataPreprocessor``: same code, same numbers.
+``Det3DDataPreprocessor``: same code, same numbers (plus that one metainfo key).
 """
 from typing import Callable, List, Optional, Sequence
 
@@ -20,6 +21,7 @@ from mmdet3d_scaling.datasets.transforms.deferred_images import (DeferredImages,
                                                                  augment_like_pil,
                                                                  is_packet, pad_to)
 from mmdet3d_scaling.registry import register
+from .host_ground_truth import keep_host_ground_truth
 
 JPEG_DECODERS = ('auto', 'torchvision', 'pil')
 _MIN_TORCHVISION = (0, 19)  # decode_jpeg(list, device=...): batched, nvJPEG on CUDA
@@ -54,6 +56,8 @@ class BEVFusionDataPreprocessor(Det3DDataPreprocessor):
     call on this module's device, each camera padded, augmented (the PIL path's
     resize / crop / flip / rotate as recorded by ``ImageAug3D``) and masked
     (``GridMask``) there; then normalisation and stacking run as for decoded images.
+    In training each sample's host ground truth is kept in its metainfo
+    (:mod:`.host_ground_truth`), so the heatmap targets need no copy back.
 
     Args: as :class:`mmdet3d.models.data_preprocessors.Det3DDataPreprocessor`, plus
         jpeg_decoder: ``'auto'`` (default): ``torchvision.io.decode_jpeg`` (nvJPEG on
@@ -73,6 +77,8 @@ class BEVFusionDataPreprocessor(Det3DDataPreprocessor):
     # ------------------------------------------------------------------ entry
 
     def simple_process(self, data: dict, training: bool = False) -> dict:
+        if training and data.get('data_samples'):
+            keep_host_ground_truth(data['data_samples'])
         imgs = data['inputs'].get('img')
         if isinstance(imgs, (list, tuple)) and any(is_packet(i) for i in imgs):
             if not all(is_packet(i) for i in imgs):

@@ -151,10 +151,11 @@ def heatmap_cells_of_batch(head, boxes: np.ndarray, num_gts: Sequence[int],
 class HeatmapJob:
     """A batch's heatmap targets, drawn on the host while the GPU runs the forward.
 
-    Started before the forward: the ground truth's boxes start for pinned host memory,
-    and on a GPU a host thread waits for that copy and draws the set cells while the
+    Started before the forward: on a GPU a host thread draws the set cells while the
     main thread queues the forward; the drawing had taken 16 ms of a host busy with
-    loader workers after the GPU had run out of work (call H2). The thread's wait is
+    loader workers after the GPU had run out of work (call H2). The boxes are the
+    loader's host copy where the data preprocessor kept one (``host_gts``); else they
+    start for pinned host memory and the thread waits for that copy. The thread's wait is
     safe beside a CUDA graph capture: captures run in ``thread_local`` mode
     (:mod:`mmdet3d_scaling.models.cuda_graphs`). On the CPU the cells are drawn when
     :meth:`heatmaps` asks for them.
@@ -162,13 +163,21 @@ class HeatmapJob:
     Args:
         head: the ``TransFusionHead`` (its train_cfg and heatmap shape).
         gts (list[InstanceData]): the batch's ground truth.
+        host_gts (list[InstanceData], optional): the same on the host, as the loader
+            made it (:mod:`.host_ground_truth`): then nothing is copied back and the
+            drawing starts at once (the copy had waited 37-41 ms behind the previous
+            step's work, call I1). Not used where its box counts differ from ``gts``.
     """
 
-    def __init__(self, head, gts: Sequence[InstanceData]) -> None:
+    def __init__(self, head, gts: Sequence[InstanceData],
+                 host_gts: Optional[Sequence[InstanceData]] = None) -> None:
         self.head = head
         self.num_gts = [int(g.bboxes_3d.tensor.shape[0]) for g in gts]
         self.device = gts[0].labels_3d.device
-        self.boxes = HostCopy(heatmap_boxes(gts))
+        if host_gts is not None and [len(g.bboxes_3d) for g in host_gts] != self.num_gts:
+            host_gts = None
+        self.from_host = host_gts is not None
+        self.boxes = HostCopy(heatmap_boxes(host_gts if self.from_host else gts))
         self._outcome: Dict[str, object] = {}
         self._thread = None
         if self.device.type == 'cuda':

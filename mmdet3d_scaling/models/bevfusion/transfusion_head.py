@@ -27,6 +27,7 @@ from mmdet3d.structures import xywhr2xyxyr
 from mmdet3d_scaling.registry import register
 from .assigners import HeuristicAssigner3D, HungarianAssigner3D
 from .heatmap_targets import box_centres_and_radii, draw_heatmap_array, heatmap_cells
+from .host_ground_truth import host_ground_truth
 from .hungarian_targets import HeatmapJob, batch_targets
 
 # Keys of the forward output that are not per-proposal-per-layer.
@@ -488,7 +489,8 @@ class TransFusionHead(nn.Module):
         sample (an assigner other than Hungarian) or the head has no train_cfg."""
         if self.train_cfg is None or not self._targets_in_batch():
             return None
-        return HeatmapJob(self, [s.gt_instances_3d for s in batch_data_samples])
+        return HeatmapJob(self, [s.gt_instances_3d for s in batch_data_samples],
+                          host_ground_truth(batch_data_samples))
 
     def loss(self, batch_feats, batch_data_samples,
              heatmaps: Optional[HeatmapJob] = None) -> Dict[str, Tensor]:

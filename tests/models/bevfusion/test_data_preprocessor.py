@@ -14,6 +14,7 @@ from mmengine.dataset import pseudo_collate
 from mmdet3d.registry import MODELS
 from mmdet3d_scaling.models.bevfusion import BEVFusionDataPreprocessor
 from mmdet3d_scaling.models.bevfusion.data_preprocessor import torchvision_decode_jpeg
+from mmdet3d_scaling.models.bevfusion.host_ground_truth import HOST_GT_KEY, host_ground_truth
 from .common import REPO, build, tiny_model_cfg
 
 CAMS = ('CAM_FRONT', 'CAM_FRONT_RIGHT', 'CAM_FRONT_LEFT', 'CAM_BACK', 'CAM_BACK_LEFT',
@@ -83,8 +84,25 @@ def test_decoded_batches_are_det3d_preprocessor_bit_for_bit(data_root):
     assert all(torch.equal(p, q) for p, q in zip(a['inputs']['points'],
                                                  b['inputs']['points']))
     for s, t in zip(a['data_samples'], b['data_samples']):
-        assert s.metainfo.keys() == t.metainfo.keys()
+        assert t.metainfo.keys() - s.metainfo.keys() == {HOST_GT_KEY}
         assert s.batch_input_shape == t.batch_input_shape and s.pad_shape == t.pad_shape
+
+
+def test_training_batches_keep_the_loaders_ground_truth_on_the_host(data_root):
+    """In training the samples carry the loader's ground truth, on the host, equal to
+    the one the model gets (:mod:`...bevfusion.host_ground_truth`); not in testing."""
+    batch = _batch(data_root, 'cpu')
+    ours = MODELS.build(dict(type='BEVFusionDataPreprocessor', **NORM))
+    samples = ours(copy.deepcopy(batch), True)['data_samples']
+    found = host_ground_truth(samples)
+    assert found is not None and sum(len(g) for g in found) > 0
+    for sample, host in zip(samples, found):
+        gt = sample.gt_instances_3d
+        assert not host.bboxes_3d.tensor.is_cuda
+        assert torch.equal(host.bboxes_3d.tensor, gt.bboxes_3d.tensor.cpu())
+        assert torch.equal(host.labels_3d, gt.labels_3d.cpu())
+    tested = ours(copy.deepcopy(batch), False)['data_samples']
+    assert host_ground_truth(tested) is None
 
 
 def test_deferred_batch_gives_the_pil_path_images(data_root):

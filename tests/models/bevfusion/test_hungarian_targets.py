@@ -124,14 +124,21 @@ def test_lidar_iou_equals_mmdet3d_overlaps(device):
 
 
 @pytest.mark.parametrize('device', DEVICES)
-def test_heatmaps_started_ahead_give_the_same_targets(device):
+@pytest.mark.parametrize('host', ['none', 'loader', 'other counts'])
+def test_heatmaps_started_ahead_give_the_same_targets(device, host):
     """BEVFusion starts the heatmap drawing before its forward (on a GPU on a host
-    thread): the targets equal those of a job started within ``batch_targets``, and the
-    per-sample path's dense heatmaps."""
+    thread), from the loader's host ground truth where the preprocessor kept it: the
+    targets equal those of a job started within ``batch_targets``, and the per-sample
+    path's dense heatmaps. Host boxes whose counts differ from the device's are not
+    used."""
     from mmdet3d_scaling.models.bevfusion.hungarian_targets import HeatmapJob
     head = _head(device, num_layers=2)
     gts, feats = _inputs(device, seed=7, empty=(1, ))
-    ahead = HeatmapJob(head, gts)
+    host_gts = None if host == 'none' else [g.cpu() for g in gts]
+    if host == 'other counts':
+        host_gts[0] = host_gts[0][:1]
+    ahead = HeatmapJob(head, gts, host_gts)
+    assert ahead.from_host == (host == 'loader')
     with torch.no_grad():
         preds = head(feats, [{}] * 3)[0][0]
         ours = batch_targets(head, copy.deepcopy(gts), preds, ahead)
