@@ -20,7 +20,10 @@
 # OURS_OPTIONS (bevfusion): --cfg-options added to every run of ours;
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; STEP_OPTIONS (profile): more
 # --cfg-options for BEVFusion; TRACE=1 (profile): BEVFusion's Chrome trace of the
-# profiled micro-batches as $OUT/bevfusion_b4_spconv_trace.json.gz; TEST_FILES (tests).
+# profiled micro-batches as $OUT/bevfusion_b4_spconv[_LABEL]_trace.json.gz;
+# PROFILE_STEPS (profile): BEVFusion's profiled micro-batches, default 8 (call I1's
+# four took 136-262 ms each: too few for a busy share); PROFILE_LABEL (profile): a
+# suffix of BEVFusion's file names, to profile two settings in one call; TEST_FILES (tests).
 # CUDA_TEST_TIMEOUT (cuda_tests): seconds a side, default 330 (with spconv -n 8 ran past
 # 200 s on an H100, call H1); CUDA_TEST_WORKERS (cuda_tests): pytest-xdist workers,
 # default 8 (12 ran the 80 GB H100 out of memory in the subprocess tests);
@@ -128,12 +131,14 @@ for stage in "$@"; do
     STEP="python tools/analysis/benchmark_train_step.py"
     # the 1xb4 config as users run it (its 8 loader workers, both CUDA graphs), one
     # micro-batch an optimizer step
+    name=bevfusion_b4_spconv${PROFILE_LABEL:+_$PROFILE_LABEL}
     [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP $BEVFUSION \
-      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 --profile 4 \
+      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 \
+      --profile "${PROFILE_STEPS:-8}" \
       --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
-      ${TRACE:+--trace "$OUT/bevfusion_b4_spconv_trace.json.gz"} \
-      --out "$OUT/bevfusion_b4_spconv_profile.json" > "$OUT/bevfusion_b4_spconv_profile.log" 2>&1
-    grep -E "^\[step\]|Error" "$OUT/bevfusion_b4_spconv_profile.log" | cut -c1-160
+      ${TRACE:+--trace "$OUT/${name}_trace.json.gz"} \
+      --out "$OUT/${name}_profile.json" > "$OUT/${name}_profile.log" 2>&1
+    [[ $models == *" bevfusion "* ]] && grep -E "^\[step\]|Error" "$OUT/${name}_profile.log" | cut -c1-160
     [[ $models == *" pv_rcnn "* ]] || continue
     PYTHONPATH=$SP $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 \
       --workers 6 --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_spconv_profile.json" \

@@ -167,10 +167,13 @@ class HeatmapJob:
             made it (:mod:`.host_ground_truth`): then nothing is copied back and the
             drawing starts at once (the copy had waited 37-41 ms behind the previous
             step's work, call I1). Not used where its box counts differ from ``gts``.
+        on_thread (bool): on a GPU, draw on a host thread (default True); False: when
+            :meth:`heatmaps` asks, as on the CPU.
     """
 
     def __init__(self, head, gts: Sequence[InstanceData],
-                 host_gts: Optional[Sequence[InstanceData]] = None) -> None:
+                 host_gts: Optional[Sequence[InstanceData]] = None,
+                 on_thread: bool = True) -> None:
         self.head = head
         self.num_gts = [int(g.bboxes_3d.tensor.shape[0]) for g in gts]
         self.device = gts[0].labels_3d.device
@@ -180,7 +183,7 @@ class HeatmapJob:
         self.boxes = HostCopy(heatmap_boxes(host_gts if self.from_host else gts))
         self._outcome: Dict[str, object] = {}
         self._thread = None
-        if self.device.type == 'cuda':
+        if self.device.type == 'cuda' and on_thread:
             self._thread = threading.Thread(target=self._draw, name='heatmap-targets',
                                             daemon=True)
             self._thread.start()

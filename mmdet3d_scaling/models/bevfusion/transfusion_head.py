@@ -77,6 +77,9 @@ class TransFusionHead(nn.Module):
         test_cfg (dict): dataset, grid_size, out_size_factor, nms_type (None,
             'circle' or 'rotate'), and pre_maxsize / post_maxsize for 'rotate'.
         bbox_coder (dict): ``TransFusionBBoxCoder`` config.
+        heatmaps_on_thread (bool): on a GPU, draw the heatmap targets on a host thread
+            beside the forward (True), or on the main thread when the loss needs them
+            (False; the same targets). Defaults to True.
     """
 
     def __init__(self,
@@ -101,8 +104,10 @@ class TransFusionHead(nn.Module):
                                            reduction='mean'),
                  train_cfg: Optional[dict] = None,
                  test_cfg: Optional[dict] = None,
-                 bbox_coder: Optional[dict] = None) -> None:
+                 bbox_coder: Optional[dict] = None,
+                 heatmaps_on_thread: bool = True) -> None:
         super().__init__()
+        self.heatmaps_on_thread = bool(heatmaps_on_thread)
         if test_cfg is None or 'grid_size' not in test_cfg:
             raise ValueError('TransFusionHead needs test_cfg with grid_size, '
                              'out_size_factor and dataset (also used in training).')
@@ -490,7 +495,8 @@ class TransFusionHead(nn.Module):
         if self.train_cfg is None or not self._targets_in_batch():
             return None
         return HeatmapJob(self, [s.gt_instances_3d for s in batch_data_samples],
-                          host_ground_truth(batch_data_samples))
+                          host_ground_truth(batch_data_samples),
+                          on_thread=self.heatmaps_on_thread)
 
     def loss(self, batch_feats, batch_data_samples,
              heatmaps: Optional[HeatmapJob] = None) -> Dict[str, Tensor]:

@@ -124,8 +124,9 @@ def test_lidar_iou_equals_mmdet3d_overlaps(device):
 
 
 @pytest.mark.parametrize('device', DEVICES)
-@pytest.mark.parametrize('host', ['none', 'loader', 'other counts'])
-def test_heatmaps_started_ahead_give_the_same_targets(device, host):
+@pytest.mark.parametrize('host,on_thread', [('none', True), ('loader', True),
+                                             ('other counts', True), ('loader', False)])
+def test_heatmaps_started_ahead_give_the_same_targets(device, host, on_thread):
     """BEVFusion starts the heatmap drawing before its forward (on a GPU on a host
     thread), from the loader's host ground truth where the preprocessor kept it: the
     targets equal those of a job started within ``batch_targets``, and the per-sample
@@ -137,8 +138,9 @@ def test_heatmaps_started_ahead_give_the_same_targets(device, host):
     host_gts = None if host == 'none' else [g.cpu() for g in gts]
     if host == 'other counts':
         host_gts[0] = host_gts[0][:1]
-    ahead = HeatmapJob(head, gts, host_gts)
+    ahead = HeatmapJob(head, gts, host_gts, on_thread=on_thread)
     assert ahead.from_host == (host == 'loader')
+    assert (ahead._thread is not None) == (device == 'cuda' and on_thread)
     with torch.no_grad():
         preds = head(feats, [{}] * 3)[0][0]
         ours = batch_targets(head, copy.deepcopy(gts), preds, ahead)
