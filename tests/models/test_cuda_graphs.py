@@ -13,7 +13,8 @@ from mmdet3d.registry import MODELS
 
 from mmdet3d_scaling.batch_size.checkpoint_switch import CheckpointSwitch
 from mmdet3d_scaling.models import cuda_graphs
-from mmdet3d_scaling.models.cuda_graphs import CudaGraphCache, ModuleChain, release_graphs
+from mmdet3d_scaling.models.cuda_graphs import (CudaGraphCache, MissingGrads, ModuleChain,
+                                                release_graphs)
 
 from .bevfusion.common import build, tiny_model_cfg
 
@@ -137,7 +138,13 @@ def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp, monkey
             outs.append([o.detach().clone() for o in y])
         return outs
 
-    ref, ours = step(eager, False), step(graphed, True)
+    def two_optimizer_steps(modules, use_graph):
+        step(modules, use_graph)  # then the optimizer's zero_grad(set_to_none=True):
+        for p in torch.nn.ModuleList(modules).parameters():  # the kept buffer comes back
+            p.grad = None
+        return step(modules, use_graph)
+
+    ref, ours = two_optimizer_steps(eager, False), two_optimizer_steps(graphed, True)
     tol = dict(rtol=1e-4, atol=1e-5) if amp is None else dict(rtol=2e-2, atol=2e-3)
     for a, b in zip(ref, ours):
         for x, y in zip(a, b):
@@ -238,3 +245,31 @@ def test_a_capture_succeeds_while_another_thread_pins_memory():
         stop.set()
         thread.join()
     assert torch.cuda.graph is torch.cuda.graphs.graph
+
+
+def test_missing_grads_are_zero_views_of_one_buffer_kept_across_steps():
+    """Parameters without a gradient get zeros, views of one buffer; after the
+    optimizer sets them to None the same buffer comes back zeroed; another set of
+    missing parameters gets a new buffer; a parameter of another dtype its own zeros."""
+    params = [torch.nn.Parameter(torch.randn(3, 4)), torch.nn.Parameter(torch.randn(5)),
+              torch.nn.Parameter(torch.randn(2, dtype=torch.float64)),
+              torch.nn.Parameter(torch.randn(2), requires_grad=False)]
+    give = MissingGrads()
+    give(params)
+    assert params[3].grad is None
+    grads = [p.grad for p in params[:3]]
+    assert all(g is not None and not g.any() for g in grads)
+    assert grads[0].untyped_storage().data_ptr() == grads[1].untyped_storage().data_ptr()
+    assert grads[2].dtype == torch.float64
+    for p in params[:3]:
+        p.grad += 1.0  # what a backward accumulates
+        p.grad = None  # zero_grad(set_to_none=True)
+    give(params)
+    assert params[0].grad.untyped_storage().data_ptr() == \
+        grads[0].untyped_storage().data_ptr()  # kept
+    assert all(not p.grad.any() for p in params[:3])  # and zeroed
+    kept = params[0].grad.untyped_storage().data_ptr()
+    params[1].grad = None  # only one missing: another set
+    give(params)
+    assert not params[1].grad.any() and params[0].grad.untyped_storage().data_ptr() == kept
+    assert params[1].grad.untyped_storage().data_ptr() != kept
