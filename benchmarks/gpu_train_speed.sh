@@ -131,14 +131,16 @@ for stage in "$@"; do
     STEP="python tools/analysis/benchmark_train_step.py"
     # the 1xb4 config as users run it (its 8 loader workers, both CUDA graphs), one
     # micro-batch an optimizer step
-    name=bevfusion_b4_spconv${PROFILE_LABEL:+_$PROFILE_LABEL}
-    [[ $models == *" bevfusion "* ]] && PYTHONPATH=$SP $STEP $BEVFUSION \
-      --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 \
-      --profile "${PROFILE_STEPS:-8}" \
-      --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
-      ${TRACE:+--trace "$OUT/${name}_trace.json.gz"} \
-      --out "$OUT/${name}_profile.json" > "$OUT/${name}_profile.log" 2>&1
-    [[ $models == *" bevfusion "* ]] && grep -E "^\[step\]|Error" "$OUT/${name}_profile.log" | cut -c1-160
+    if [[ $models == *" bevfusion "* ]]; then
+      name=bevfusion_b4_spconv${PROFILE_LABEL:+_$PROFILE_LABEL}
+      PYTHONPATH=$SP $STEP $BEVFUSION \
+        --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 \
+        --profile "${PROFILE_STEPS:-8}" \
+        --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
+        ${TRACE:+--trace "$OUT/${name}_trace.json.gz"} \
+        --out "$OUT/${name}_profile.json" > "$OUT/${name}_profile.log" 2>&1
+      grep -E "^\[step\]|Error" "$OUT/${name}_profile.log" | cut -c1-160
+    fi
     [[ $models == *" pv_rcnn "* ]] || continue
     PYTHONPATH=$SP $STEP configs/pv_rcnn/pv_rcnn_synthetic_kitti.py --batch 8 --precision fp32 \
       --workers 6 --warmup 6 --iters 6 --profile 2 --out "$OUT/pv_rcnn_b8_spconv_profile.json" \

@@ -78,6 +78,7 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
         longest_gaps=[dict(ms=(b - a) / 1e3, at_ms=(a - start) / 1e3,
                            stage=_stage_at(pieces, (a + b) / 2)) for a, b in holes[:gaps]])
 
+
 def _stage_at(pieces, t: float) -> str:
     for a, b, name in pieces:
         if a <= t <= b:

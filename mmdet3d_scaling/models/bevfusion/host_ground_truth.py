@@ -16,11 +16,12 @@ HOST_GT_KEY = 'gt_instances_3d_host'
 
 def keep_host_ground_truth(samples: Sequence) -> None:
     """Put each sample's ``gt_instances_3d``, where it is on the host, in its metainfo
-    under :data:`HOST_GT_KEY` (the sample's copy to the device carries it along)."""
+    under :data:`HOST_GT_KEY` (the sample's copy to the device carries it along). Set
+    as a field, not through ``set_metainfo``, which would deep-copy it once more."""
     for sample in samples:
-        gt = sample.get('gt_instances_3d') if hasattr(sample, 'get') else None
+        gt = sample.get('gt_instances_3d')
         if gt is not None and 'bboxes_3d' in gt and not gt.bboxes_3d.tensor.is_cuda:
-            sample.set_metainfo({HOST_GT_KEY: gt})
+            sample.set_field(gt, HOST_GT_KEY, field_type='metainfo')
 
 
 def host_ground_truth(samples: Sequence) -> Optional[List]:

@@ -259,11 +259,11 @@ def test_box_loss_is_mmdets_l1_loss_without_its_host_read(positives):
     assert not our_reads and mmdet_reads  # the read exists upstream, so the test can fail
 
 
-def _class_scores(device: str, requires_grad: bool = True):
+def _class_scores(device: str):
     """Scores ``[N, C]``, labels with background (= C) rows and weights 0 / 1 / 2."""
     g = torch.Generator().manual_seed(2)
     n, c = 96, 10
-    score = (torch.randn(n, c, generator=g) * 3).to(device).requires_grad_(requires_grad)
+    score = (torch.randn(n, c, generator=g) * 3).to(device).requires_grad_()
     labels = torch.randint(0, c + 1, (n, ), generator=g).to(device)
     weight = torch.randint(0, 3, (n, ), generator=g).float().to(device)
     return score, labels, weight
