@@ -16,7 +16,7 @@ the CPU divides. ``device`` names whose rounding to follow; tests compare both a
 upstream's loop.
 """
 import functools
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -103,45 +103,57 @@ def draw_heatmap_array(labels: Tensor, centres: Tensor, radii: Tensor, num_class
     return heatmap
 
 
-@functools.lru_cache(maxsize=4)
-def _cell_ids(x_size: int, y_size: int) -> np.ndarray:
-    """``[X, Y]`` flat index of every cell of one class plane (read-only)."""
-    ids = np.arange(x_size * y_size, dtype=np.int64).reshape(x_size, y_size)
-    ids.setflags(write=False)
-    return ids
+def check_labels(labels: np.ndarray, num_classes: int) -> None:
+    """A clear error for a ground-truth label that is no class index: upstream's
+    ``heatmap[label]`` raises for ``label >= K`` and draws a negative one into another
+    class; set cells of a batch would land in the next sample's map."""
+    bad = labels[(labels < 0) | (labels >= num_classes)]
+    if len(bad):
+        raise ValueError(f'heatmap target: ground-truth label {int(bad[0])} is not a class '
+                         f'index 0..{num_classes - 1}; filter the boxes of other classes '
+                         "(ObjectNameFilter) or set the head's num_classes.")
 
 
 def heatmap_cells(labels: Tensor, centres: Tensor, radii: Tensor, num_classes: int,
-                  x_size: int, y_size: int) -> Tuple[np.ndarray, np.ndarray]:
+                  x_size: int, y_size: int,
+                  maps: Optional[Tensor] = None) -> Tuple[np.ndarray, np.ndarray]:
     """The cells of the ``[K, X, Y]`` heatmap that the Gaussians set: flat indices
     (int64, ascending, each once) and float32 values; every other cell is 0.
 
-    mmdet3d's ``draw_heatmap_gaussian`` step for step (same window arithmetic and
-    slicing, the same float32 values, the elementwise maximum where Gaussians overlap),
-    in NumPy: no torch operator, so no intra-op thread pool is woken on a host that the
-    loader workers keep busy (a 10 x 180 x 180 ``torch.zeros`` alone took 5-10 ms there).
-    A batch's map has few set cells (7,424 of 1.3 M for 4 x 40 random boxes), so the map
-    travels to the GPU as these cells (tens of KB) instead of 5 MB.
+    mmdet3d's ``draw_heatmap_gaussian`` draws each box's Gaussian into the window of the
+    plane around its centre (centre ``(x, y)`` = column, row), clipped to the plane, and
+    keeps the elementwise maximum where Gaussians overlap. Its window arithmetic selects
+    exactly the kernel cells ``(row - y + r, col - x + r)`` whose plane cell is inside the
+    plane, for any centre (outside the plane too), so the boxes are drawn here as vectors,
+    one group per radius, with the same float32 kernel values: the same cells and
+    values. NumPy, not torch: no intra-op thread pool is woken on a host that the loader
+    workers keep busy (a 10 x 180 x 180 ``torch.zeros`` alone took 5-10 ms there); and no
+    Python step per box, which on a drawing thread holds the GIL that the main thread
+    needs. A batch's map has few set cells (7,424 of 1.3 M for 4 x 40 random boxes), so
+    the map travels to the GPU as these cells (tens of KB) instead of 5 MB.
+
+    Args:
+        maps (Tensor, optional): ``[M]`` index of the map each box belongs to, for a
+            batch of ``[B, K, X, Y]`` maps drawn at once (flat indices then address the
+            batch). Default: one map.
     """
-    labels = labels.tolist()
-    bad = [label for label in labels if not 0 <= label < num_classes]
-    if bad:
-        raise ValueError(f'heatmap target: ground-truth label {bad[0]} is not a class '
-                         f'index 0..{num_classes - 1}; filter the boxes of other classes '
-                         "(ObjectNameFilter) or set the head's num_classes.")
-    ids = _cell_ids(x_size, y_size)
+    labels = labels.numpy().astype(np.int64)
+    check_labels(labels, num_classes)
     plane = x_size * y_size
+    if maps is not None:
+        labels = labels + maps.numpy().astype(np.int64) * num_classes
+    x, y = centres.numpy().astype(np.int64).T
+    radii = radii.numpy().astype(np.int64)
     found_cells, found_values = [], []
-    for label, (x, y), radius in zip(labels, centres.tolist(), radii.tolist()):
-        left, right = min(x, radius), min(y_size - x, radius + 1)
-        top, bottom = min(y, radius), min(x_size - y, radius + 1)
-        # sliced as the plane is sliced upstream, so the window is the same cells
-        window = ids[y - top:y + bottom, x - left:x + right]
-        kernel = _gaussian(radius)[radius - top:radius + bottom,
-                                   radius - left:radius + right]
-        if min(kernel.shape) > 0 and min(window.shape) > 0:
-            found_cells.append(window.reshape(-1) + label * plane)
-            found_values.append(np.broadcast_to(kernel, window.shape).reshape(-1))
+    for radius in np.unique(radii).tolist():
+        box = np.flatnonzero(radii == radius)
+        offsets = np.arange(-radius, radius + 1)
+        rows = y[box, None, None] + offsets[None, :, None]  # [n, D, 1]
+        cols = x[box, None, None] + offsets[None, None, :]  # [n, 1, D]
+        inside = (rows >= 0) & (rows < x_size) & (cols >= 0) & (cols < y_size)
+        cells = labels[box, None, None] * plane + rows * y_size + cols
+        found_cells.append(cells[inside])
+        found_values.append(np.broadcast_to(_gaussian(radius), inside.shape)[inside])
     if not found_cells:
         return np.zeros(0, np.int64), np.zeros(0, np.float32)
     cells = np.concatenate(found_cells)

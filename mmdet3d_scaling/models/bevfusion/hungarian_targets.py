@@ -140,12 +140,12 @@ def solve(costs: Sequence[np.ndarray], num_gts: Sequence[int],
 def heatmap_cells_of_batch(head, boxes: np.ndarray, num_gts: Sequence[int],
                            cuda: bool) -> Tuple[np.ndarray, np.ndarray]:
     """Set cells (flat indices into ``[B, K, X, Y]``, values) of the batch's heatmaps,
-    drawn on the host from its ``heatmap_boxes`` (:func:`.heatmap_targets.heatmap_cells`)."""
-    per_sample = np.split(boxes.astype(np.float32), np.cumsum(num_gts)[:-1])
-    per_map = int(np.prod(head.heatmap_shape()))
-    found = [head.heatmap_target_cells(torch.from_numpy(b), cuda) for b in per_sample]
-    return (np.concatenate([c + i * per_map for i, (c, _) in enumerate(found)]),
-            np.concatenate([v for _, v in found]))
+    drawn on the host from its ``heatmap_boxes`` in one pass over all boxes
+    (:func:`.heatmap_targets.heatmap_cells`; the geometry is elementwise, so a batch's
+    boxes get the values they get sample by sample)."""
+    maps = torch.repeat_interleave(torch.arange(len(num_gts)), torch.as_tensor(num_gts))
+    return head.heatmap_target_cells(torch.from_numpy(boxes.astype(np.float32)), cuda,
+                                     maps=maps)
 
 
 class HeatmapJob:

@@ -463,13 +463,17 @@ class TransFusionHead(nn.Module):
     def draw_heatmap_target(self, packed: Tensor, cuda: bool) -> np.ndarray:
         """``[K, X, Y]`` host heatmap of ``[G, D + 1]`` host boxes (gravity centre,
         sizes, ..., then the label); ``cuda``: round as the CUDA loop would."""
-        return draw_heatmap_array(*self._heatmap_geometry(packed, cuda))
+        labels, centres, radii, _, shape = self._heatmap_geometry(packed, cuda)
+        return draw_heatmap_array(labels, centres, radii, *shape)
 
-    def heatmap_target_cells(self, packed: Tensor,
-                             cuda: bool) -> Tuple[np.ndarray, np.ndarray]:
+    def heatmap_target_cells(self, packed: Tensor, cuda: bool,
+                             maps: Optional[Tensor] = None) -> Tuple[np.ndarray, np.ndarray]:
         """:meth:`draw_heatmap_target`'s set cells: flat indices into ``[K, X, Y]`` and
-        their values (:func:`.heatmap_targets.heatmap_cells`)."""
-        return heatmap_cells(*self._heatmap_geometry(packed, cuda))
+        their values (:func:`.heatmap_targets.heatmap_cells`); ``maps``: ``[G]`` sample
+        of each box, for the cells of a batch's ``[B, K, X, Y]`` maps at once."""
+        labels, centres, radii, keep, shape = self._heatmap_geometry(packed, cuda)
+        return heatmap_cells(labels, centres, radii, *shape,
+                             maps=None if maps is None else maps[keep])
 
     def heatmap_shape(self) -> Tuple[int, int, int]:
         """``(K, X, Y)`` of the heatmap target."""
@@ -479,13 +483,14 @@ class TransFusionHead(nn.Module):
                 int(cfg['grid_size'][1]) // osf)
 
     def _heatmap_geometry(self, packed: Tensor, cuda: bool) -> tuple:
-        """Labels, centres and radii of the drawable boxes, then ``(K, X, Y)``."""
+        """Labels, centres and radii of the drawable boxes, which boxes those are
+        (``keep``), and ``(K, X, Y)``."""
         cfg = self.train_cfg
         boxes, labels = packed[:, :-1], packed[:, -1].long()
         keep, centres, radii = box_centres_and_radii(
             boxes, cfg['voxel_size'], cfg['point_cloud_range'], cfg['out_size_factor'],
             cfg['gaussian_overlap'], cfg['min_radius'], cuda=cuda)
-        return (labels[keep], centres, radii, *self.heatmap_shape())
+        return labels[keep], centres, radii, keep, self.heatmap_shape()
 
     def start_heatmap_targets(self, batch_data_samples) -> Optional[HeatmapJob]:
         """Start drawing the batch's heatmap targets on the host, to overlap the forward

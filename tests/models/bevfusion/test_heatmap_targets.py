@@ -4,6 +4,7 @@ The reference is mmdet3d 1.4 ``projects/BEVFusion``'s ``get_targets_single`` dra
 loop, written with mmdet3d's own ``gaussian_radius`` / ``draw_heatmap_gaussian`` on
 0-dim tensors of the device under test (the CPU here; CUDA as well when there is one).
 """
+import numpy as np
 import pytest
 import torch
 
@@ -107,3 +108,29 @@ def test_a_label_outside_the_classes_is_a_clear_error(label):
     with pytest.raises(ValueError, match=f'label {label}'):
         heatmap_cells(torch.tensor([label]), torch.tensor([[5, 5]], dtype=torch.int32),
                       torch.tensor([2]), CLASSES, 20, 20)
+
+
+def test_a_batch_drawn_at_once_equals_its_samples_drawn_one_by_one():
+    from mmdet3d_scaling.models.bevfusion.heatmap_targets import heatmap_cells
+    x_size, y_size = GRID[0] // OSF, GRID[1] // OSF
+    samples = []
+    for seed in range(3):
+        boxes3d, labels = scene(50, seed, 'cpu')
+        boxes = torch.cat([boxes3d.gravity_center, boxes3d.tensor[:, 3:]], dim=1)
+        keep, centres, radii = box_centres_and_radii(boxes, VOXEL, PCR, OSF, OVERLAP,
+                                                     MIN_RADIUS, cuda=False)
+        samples.append((labels[keep], centres, radii))
+    per_map = CLASSES * x_size * y_size
+    one_by_one = [heatmap_cells(*s, CLASSES, x_size, y_size) for s in samples]
+    maps = torch.cat([torch.full((len(s[0]), ), i) for i, s in enumerate(samples)])
+    cells, values = heatmap_cells(*(torch.cat(parts) for parts in zip(*samples)), CLASSES,
+                                  x_size, y_size, maps=maps)
+    assert len(cells) > 3000
+    assert np.array_equal(cells, np.concatenate([c + i * per_map
+                                                 for i, (c, _) in enumerate(one_by_one)]))
+    assert np.array_equal(values, np.concatenate([v for _, v in one_by_one]))
+    # a label one past the classes is an error, not a cell of the next sample's map
+    samples[0][0][0] = CLASSES
+    with pytest.raises(ValueError, match=f'label {CLASSES}'):
+        heatmap_cells(*(torch.cat(parts) for parts in zip(*samples)), CLASSES, x_size,
+                      y_size, maps=maps)

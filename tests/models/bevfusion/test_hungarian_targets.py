@@ -88,7 +88,8 @@ def test_one_host_read_for_the_batch():
 
     def device_reads(census):
         return {k: n for k, n in census.counts.items()
-                if not any(f in k[0] for f in ('draw_heatmap_target', '_heatmap_geometry'))}
+                if not any(f in k[0] for f in ('draw_heatmap_target', 'heatmap_target_cells',
+                                                '_heatmap_geometry'))}
     reads = device_reads(batch)
     assert sorted(op for _, op in reads) == ['cpu', 'numpy'], reads
     assert all('to_host' in site for site, _ in reads) and sum(reads.values()) == 2, reads
