@@ -154,12 +154,16 @@ def _make_graphed(chain: ModuleChain, x: Tensor):
     kwargs = dict(num_warmup_iters=3, allow_unused_input=True)
     if _takes_capture_mode():
         kwargs['capture_error_mode'] = CAPTURE_MODE
-    # An input with autograd history (BEVFusion's fused BEV map) is captured from a
-    # detached copy: the capture's backward would otherwise hand its gradient to that
-    # history's nodes, recorded on the current stream, and make that stream wait on
-    # the capturing one (cudaErrorStreamCaptureImplicit, seen on the H100). Replays
-    # take the real input and pass its gradient on as any autograd function does.
-    sample = x.detach().clone().requires_grad_() if x.requires_grad else x
+    # The graph's static input is the sample itself, and every replay copies its input
+    # into it: captured from the caller's tensor, that tensor would be overwritten by
+    # the next replay's input (the first micro-batch's images, say). So the sample is a
+    # copy of the graph's own. An input with autograd history (BEVFusion's fused BEV
+    # map) is captured from a detached copy: the capture's backward would otherwise
+    # hand its gradient to that history's nodes, recorded on the current stream, and
+    # make that stream wait on the capturing one (cudaErrorStreamCaptureImplicit, seen
+    # on the H100). Replays take the real input and pass its gradient on as any
+    # autograd function does.
+    sample = x.detach().clone().requires_grad_(x.requires_grad)
     with thread_local_capture():
         return torch.cuda.make_graphed_callables(chain, (sample, ), **kwargs)
 

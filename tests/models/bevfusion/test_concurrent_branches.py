@@ -11,10 +11,14 @@ algorithms: two one-stream runs gave heatmap losses 129.334 and 129.396 on an H1
 differences of atomic additions (sparse-conv index building, scatters) into different
 proposals. So on CUDA the tests compare what the key changes, the branches: the fused
 BEV map that ``extract_bev`` returns and the gradients of a fixed random projection of
-it, at ``CUDA_TOL``. That part is continuous, and a stream race (a buffer read before
-the other stream has written it) changes it by far more. The one-stream test checks
-that the spread stays below the tolerance, which is what makes the comparison mean
-something.
+it. That part is continuous, and a stream race (a buffer read before the other stream
+has written it) changes it by far more. The tolerance is ``CUDA_TOL``, or three times
+the spread of two one-stream runs where that is larger: with spconv on the path two
+one-stream runs of the branches differed by 0.9 % of the BEV map's norm on an H100, a
+one-stream and a two-stream run by 1.5 % (call K1, without a warm-up run); with mmcv
+alone both stayed under ``CUDA_TOL``. A warm-up run comes first
+(autotuning, first-call caches). The one-stream test checks that the spread stays
+below ``MAX_SPREAD``, which is what makes the comparison mean something.
 """
 import copy
 import importlib.util
@@ -26,6 +30,7 @@ from .common import build
 from .test_lidar_cam_detector import camera_batch, camera_cfg
 
 CUDA_TOL = 1e-3  # of the BEV map's and of each gradient's norm (module docstring)
+MAX_SPREAD = 5e-2  # of two one-stream runs with spconv on the path (module docstring)
 needs_spconv = pytest.mark.skipif(importlib.util.find_spec('spconv') is None,
                                   reason='the CPU sparse conv needs spconv')
 
@@ -66,27 +71,42 @@ def _deterministic_cfg(device: str) -> dict:
     return cfg
 
 
-def _runs(device: str, concurrent_branches: bool, run):
-    """``run`` of the plain model and of the one with ``concurrent_branches`` (with
-    False: of the plain model twice)."""
+def _runs(device: str, concurrent_branches: bool, run, plain_runs: int = 1):
+    """``run`` of the plain model ``plain_runs`` times, then of the one with
+    ``concurrent_branches`` (with False: of the plain model once more)."""
     torch.manual_seed(0)
     plain_cfg = _deterministic_cfg(device)
     state = build(plain_cfg).state_dict()
     other_cfg = dict(_deterministic_cfg(device), concurrent_branches=concurrent_branches)
     batch = camera_batch(seed=3)
-    return run(plain_cfg, state, batch, device), run(other_cfg, state, batch, device)
+    plain = [run(plain_cfg, state, batch, device) for _ in range(plain_runs)]
+    return (*plain, run(other_cfg, state, batch, device))
+
+
+def _grad_floor(grads: dict) -> float:
+    # 1e-3 of the whole gradient's norm: a bias before a BatchNorm has a gradient of
+    # about 0, whose relative error is large and means nothing
+    return 1e-3 * float(torch.cat([g.flatten().float() for g in grads.values()]).norm())
 
 
 def _assert_same_grads(plain: dict, other: dict, tol: float) -> None:
     assert plain.keys() == other.keys()
     assert any(n.startswith('pts_middle_encoder') for n in plain)
     assert any(n.startswith('img_backbone') for n in plain)
-    # a floor of 1e-3 of the whole gradient's norm: a bias before a BatchNorm has a
-    # gradient of about 0, whose relative error is large and means nothing
-    floor = 1e-3 * float(torch.cat([g.flatten().float() for g in plain.values()]).norm())
+    floor = _grad_floor(plain)
     for name, grad in plain.items():
         error = float((other[name] - grad).norm())
         assert error <= tol * (float(grad.norm()) + floor), (name, error)
+
+
+def _spread(run: tuple, other: tuple) -> float:
+    """The largest relative difference of two branch runs: of the BEV map, and of each
+    gradient (against its norm plus the floor)."""
+    (bev, grads), (other_bev, other_grads) = run, other
+    floor = _grad_floor(grads)
+    return max([float((other_bev - bev).norm()) / float(bev.norm())]
+               + [float((other_grads[n] - g).norm()) / (float(g.norm()) + floor)
+                  for n, g in grads.items()])
 
 
 def _compare_model(concurrent_branches: bool = True) -> None:
@@ -96,14 +116,16 @@ def _compare_model(concurrent_branches: bool = True) -> None:
     _assert_same_grads(plain[1], other[1], 0.0)
 
 
-def _compare_branches(concurrent_branches: bool = True) -> None:
-    """The fused BEV map and its gradients within ``CUDA_TOL`` (on CUDA)."""
-    (bev, grads), (other_bev, other_grads) = _runs('cuda', concurrent_branches,
-                                                   _bev_and_grads)
-    assert float((other_bev - bev).norm()) <= CUDA_TOL * float(bev.norm())
-    _assert_same_grads(grads, other_grads, CUDA_TOL)
+def _branch_runs(concurrent_branches: bool) -> tuple:
+    """A warm-up run (autotuning, first-call caches), two one-stream runs and one with
+    ``concurrent_branches`` of the branches on CUDA."""
+    _, first, second, other = _runs('cuda', concurrent_branches, _bev_and_grads,
+                                    plain_runs=3)
+    return first, second, other
 
 
+@pytest.mark.slow
+@needs_spconv
 @pytest.mark.slow
 @needs_spconv
 def test_same_losses_and_gradients_on_the_cpu():
@@ -127,17 +149,21 @@ def _full_fp32(monkeypatch) -> None:
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_the_compared_model_repeats_itself_on_cuda(monkeypatch):
-    """Two one-stream runs of the branches agree within ``CUDA_TOL``: the premise of
+    """Two one-stream runs of the branches agree within ``MAX_SPREAD``: the premise of
     the stream comparison below."""
     _full_fp32(monkeypatch)
-    _compare_branches(concurrent_branches=False)
+    first, second, _ = _branch_runs(concurrent_branches=False)
+    assert _spread(first, second) <= MAX_SPREAD
 
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU')
 def test_same_losses_and_gradients_on_cuda(monkeypatch):
     _full_fp32(monkeypatch)
-    _compare_branches()
+    first, second, other = _branch_runs(concurrent_branches=True)
+    tol = max(CUDA_TOL, 3 * _spread(first, second))
+    assert float((other[0] - first[0]).norm()) <= tol * float(first[0].norm())
+    _assert_same_grads(first[1], other[1], tol)
 
 
 @pytest.mark.cuda
