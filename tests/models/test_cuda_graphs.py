@@ -127,6 +127,7 @@ def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp, monkey
     cache = CudaGraphCache()
     torch.manual_seed(1)
     batches = [torch.randn(6, 3, 64, 176, device='cuda') for _ in range(3)]
+    originals = [x.clone() for x in batches]
 
     def step(modules, use_graph):
         outs = []
@@ -145,6 +146,8 @@ def test_graphed_encoder_equals_eager_over_accumulated_micro_batches(amp, monkey
         return step(modules, use_graph)
 
     ref, ours = two_optimizer_steps(eager, False), two_optimizer_steps(graphed, True)
+    for x, original in zip(batches, originals):  # replays leave the callers' inputs be
+        assert torch.equal(x, original)
     tol = dict(rtol=1e-4, atol=1e-5) if amp is None else dict(rtol=2e-2, atol=2e-3)
     for a, b in zip(ref, ours):
         for x, y in zip(a, b):
