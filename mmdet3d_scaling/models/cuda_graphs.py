@@ -13,6 +13,8 @@ What it keeps as it was:
 - **BatchNorm statistics**: capture runs the chain three times eagerly (autotune,
   lazy initialisation) and records it once; the buffers are restored afterwards, so
   the statistics see each real batch once, as without graphs;
+- **the caller's input**: a graph's static input is a copy of its own, which every
+  replay overwrites; the tensor that triggered the capture is not that input;
 - **gradient accumulation**: a graph writes its parameter gradients into static
   memory; autograd would keep that memory as ``param.grad`` when ``grad`` is None and
   the next replay would overwrite it, so the chain's missing gradients are allocated
