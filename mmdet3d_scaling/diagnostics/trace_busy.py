@@ -4,13 +4,15 @@
 trace; this module reads it back with the stage table's own arithmetic
 (:mod:`.step_stages`): the GPU's activities (kernels, copies, memsets of every stream),
 their union inside the labelled steps, the idle time of each stage, and the longest
-gaps with the stage the host was in. A figure quoted from a trace can so be checked
+gaps with the stage the host was in and how much of each a Python garbage collection
+took (where :mod:`.gc_pauses` marked them). A figure quoted from a trace can so be checked
 against the file, without a GPU.
 """
 import gzip
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Tuple
 
+from .gc_pauses import RANGE_PREFIX as GC_PREFIX
 from .step_stages import (GPU_ACTIVITIES, PREFIX, BusyTime, merge, step_pieces,
                           wall_and_busy)
 
@@ -36,7 +38,7 @@ def trimmed(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             if e.get('ph') == 'X' and (
                 e.get('cat') in GPU_ACTIVITIES
                 or (e.get('cat') == 'user_annotation'
-                    and str(e.get('name', '')).startswith(PREFIX)))]
+                    and str(e.get('name', '')).startswith((PREFIX, GC_PREFIX))))]
 
 
 def save_trace(events: List[Dict[str, Any]], path: str) -> None:
@@ -64,6 +66,10 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
     activities = [(e['ts'], e['ts'] + e['dur']) for e in events
                   if e.get('cat') in GPU_ACTIVITIES and e.get('ph') == 'X']
     busy = BusyTime(activities)
+    # Python's garbage collections, where the trace marks them (.gc_pauses)
+    collections = merge([(e['ts'], e['ts'] + e['dur']) for e in events
+                         if e.get('cat') == 'user_annotation' and e.get('ph') == 'X'
+                         and str(e.get('name', '')).startswith(GC_PREFIX)])
     idle = {name: wall - busy_us
             for name, (wall, busy_us) in wall_and_busy(pieces, busy).items()}
     spans = [(a, b) for a, b in merge(activities) if b > start and a < stop]
@@ -76,7 +82,14 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
         idle_ms_per_step={k: v / 1e3 / n for k, v in
                           sorted(idle.items(), key=lambda kv: -kv[1])},
         longest_gaps=[dict(ms=(b - a) / 1e3, at_ms=(a - start) / 1e3,
-                           stage=_stage_at(pieces, (a + b) / 2)) for a, b in holes[:gaps]])
+                           stage=_stage_at(pieces, (a + b) / 2),
+                           gc_ms=_overlap(collections, a, b) / 1e3)
+                      for a, b in holes[:gaps]])
+
+
+def _overlap(intervals: List[Tuple[float, float]], a: float, b: float) -> float:
+    """How much of ``[a, b]`` the (disjoint) ``intervals`` cover."""
+    return sum(max(0.0, min(b, y) - max(a, x)) for x, y in intervals)
 
 
 def _stage_at(pieces, t: float) -> str:

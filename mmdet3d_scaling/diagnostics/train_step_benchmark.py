@@ -22,6 +22,9 @@ plugin's or stock mmdet3d's), at a given micro-batch and precision:
   over the wall time), the top kernels by GPU time with their share, and ``stages``:
   where in the step the GPU sits idle (:mod:`.step_stages`); ``trace`` saves the
   profiled iterations' Chrome trace, which ``tools/analysis/trace_busy.py`` reads back;
+- ``gc``: Python's garbage collections in the measured micro-batches (count per
+  generation, total and longest ms, :class:`.GcPauses`); the profiled window's are in
+  ``profile['gc']``, and each is a range ``gc:gen<N>`` in its trace;
 - ``sync_sites``: in micro-batches after the profiled ones, each host wait for the GPU
   by stage and Python call site (torch's sync debug mode, :class:`.SyncSiteRecorder`):
   which lines of a stage with many ``syncs`` make them. A window of its own, since the
@@ -43,6 +46,7 @@ import torch
 from mmengine.config import Config
 from mmengine.hooks import Hook
 
+from mmdet3d_scaling.diagnostics.gc_pauses import GcPauses
 from mmdet3d_scaling.diagnostics.host_reads import SyncSiteRecorder
 from mmdet3d_scaling.diagnostics.step_stages import (STEP, StepRange, device_activities,
                                                      labelled_stages, merge, stage_table)
@@ -182,6 +186,9 @@ class TrainStepProbe(Hook):
         self._step = StepRange()
         self._nvml = None
         self.nvml_util_pct: Optional[float] = None
+        self._gc: Optional[GcPauses] = None  # open in the measured window
+        self._prof_gc: Optional[GcPauses] = None  # open in the profiled window
+        self.gc: Optional[Dict[str, Any]] = None
 
     def _window_edge(self, it: int) -> bool:
         """Whether iteration ``it`` (0-based) starts the measured or the profiled window."""
@@ -197,6 +204,7 @@ class TrainStepProbe(Hook):
             self._prof.__enter__()
             self._stages = labelled_stages(unwrap_model(runner.model), runner.optim_wrapper)
             self._stages.__enter__()
+            self._prof_gc = GcPauses(mark_in_profile=True).__enter__()
             self._prof_t = time.perf_counter()
         if runner.iter == self.warmup + self.iters + self.profile and self.sync_sites:
             self._start_sync_sites(runner)
@@ -205,6 +213,7 @@ class TrainStepProbe(Hook):
         if runner.iter == self.warmup:
             # its first read drops the warm-up's samples; None (said once) without NVML
             self._nvml = open_nvml(torch.device('cuda', torch.cuda.current_device()))
+            self._gc = GcPauses().__enter__()
             self._window_t = time.perf_counter()
         if self._prof is not None:
             self._step.open()
@@ -226,6 +235,8 @@ class TrainStepProbe(Hook):
             torch.cuda.reset_peak_memory_stats()
         if done == self.warmup + self.iters:
             self.window_s = time.perf_counter() - self._window_t
+            self._gc.__exit__(None, None, None)
+            self.gc, self._gc = self._gc.figures(self.iters), None
             self.peaks = (torch.cuda.max_memory_allocated(),
                           torch.cuda.max_memory_reserved())
             if self._nvml is not None:
@@ -234,13 +245,15 @@ class TrainStepProbe(Hook):
                 self._nvml = None
         if self._prof is not None and done == self.warmup + self.iters + self.profile:
             wall = time.perf_counter() - self._prof_t
+            self._prof_gc.__exit__(None, None, None)
             self._stages.__exit__(None, None, None)
             self._prof.__exit__(None, None, None)
             if self.trace:
                 write_trace(self._prof, self.trace)
             self.summary = kernel_summary(self._prof, self.profile, wall)
             self.summary['stages'] = stage_table(self._prof)
-            self._prof = self._stages = None
+            self.summary['gc'] = self._prof_gc.figures(self.profile)
+            self._prof = self._stages = self._prof_gc = None
         if self._recorder is not None and done == self.last_iteration:
             self._end_sync_sites()
 
@@ -276,5 +289,5 @@ class TrainStepProbe(Hook):
                     median_s_per_micro_batch=median, samples_per_s=rate,
                     peak_allocated_gib=self.peaks[0] / GIB,
                     peak_reserved_gib=self.peaks[1] / GIB,
-                    nvml_util_pct=self.nvml_util_pct, profile=self.summary,
+                    nvml_util_pct=self.nvml_util_pct, gc=self.gc, profile=self.summary,
                     sync_sites=self.sites)

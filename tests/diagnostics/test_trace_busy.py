@@ -35,7 +35,19 @@ def test_busy_share_counts_every_stream_and_copies_once(tmp_path):
     assert fig['idle_ms_per_step']['loss'] == pytest.approx(60 / 1e3 / 2)
     assert fig['idle_ms_per_step']['(step, unlabelled)'] == pytest.approx(20 / 1e3 / 2)
     assert fig['longest_gaps'][0] == dict(ms=pytest.approx(0.06), at_ms=pytest.approx(0.12),
-                                          stage='loss')
+                                          stage='loss', gc_ms=0.0)
+
+
+def test_a_gap_says_how_much_of_it_a_marked_garbage_collection_took(tmp_path):
+    from mmdet3d_scaling.diagnostics.trace_busy import save_trace, trimmed
+    gc_range = dict(ph='X', cat='user_annotation', name='gc:gen2', ts=130, dur=40, tid=3)
+    events = [_range('step', 0, 200), _range('loss', 100, 100), _gpu(0, 120),
+              _gpu(180, 20), gc_range]
+    fig = trace_busy(events)
+    assert fig['longest_gaps'][0] == dict(ms=pytest.approx(0.06), at_ms=pytest.approx(0.12),
+                                          stage='loss', gc_ms=pytest.approx(0.04))
+    save_trace(trimmed(events), str(tmp_path / 'trimmed.json.gz'))  # the mark is kept
+    assert trace_busy(load_trace(str(tmp_path / 'trimmed.json.gz'))) == fig
 
 
 def test_a_real_cpu_trace_has_its_steps_and_no_gpu_work(tmp_path):

@@ -96,6 +96,8 @@ def print_sync_sites(rows: List[dict]) -> None:
 def main(argv: Optional[List[str]] = None) -> None:
     args = parse_args(argv)
     import torch
+
+    from mmdet3d_scaling.diagnostics.gc_pauses import describe
     if args.threads:
         torch.set_num_threads(args.threads)
     if args.stock:
@@ -135,6 +137,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                       f"{row['busy_ms_per_iter']:7.1f} {row['idle_ms_per_iter']:7.1f} "
                       f"{row['launches_per_iter']:6.0f} {row['syncs_per_iter']:5.0f} "
                       f"{row['host_reads_per_iter']:5.0f}  {ops}")
+        if result.get('gc'):
+            print(f"[step] measured micro-batches: {describe(result['gc'])}")
+        if prof.get('gc'):
+            print(f"[step] profiled micro-batches: {describe(prof['gc'])}")
         print_sync_sites(result.get('sync_sites') or [])
         gc.collect()
         torch.cuda.empty_cache()

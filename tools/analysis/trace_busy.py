@@ -36,9 +36,11 @@ def main(argv=None) -> None:
     print('idle ms a step by stage:')
     for stage, ms in fig['idle_ms_per_step'].items():
         print(f'  {stage:30s} {ms:6.1f}')
-    print('longest gaps (ms, ms after the first step started, stage):')
+    print('longest gaps (ms, ms after the first step started, stage, ms of it in '
+          "Python's garbage collection where the trace marks it):")
     for gap in fig['longest_gaps']:
-        print(f"  {gap['ms']:6.2f} {gap['at_ms']:8.1f}  {gap['stage']}")
+        print(f"  {gap['ms']:6.2f} {gap['at_ms']:8.1f}  {gap['stage']:30s} "
+              f"{gap['gc_ms']:6.2f}")
     if args.out:
         with open(args.out, 'w') as f:
             json.dump(dict(trace=args.trace, **fig), f, indent=1)
