@@ -11,9 +11,13 @@ tells them apart: it times every collection and, while a profiler records, marks
 as a range ``gc:gen<N>`` in the trace, beside the stage ranges.
 
 Uses ``gc.callbacks`` (CPython): a callback runs in the thread whose allocation
-started the collection, before and after it.
+started the collection, before and after it; each pause names that thread. torch's
+profiler records the operators of the main and the autograd thread only (call J1's
+trace), so a collection started on another thread (the loader's pin-memory thread, the
+heatmap thread) is timed here but its range does not reach the trace.
 """
 import gc
+import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -32,7 +36,7 @@ class GcPauses:
 
     def __init__(self, mark_in_profile: bool = False) -> None:
         self.mark_in_profile = mark_in_profile
-        self.pauses: List[Dict[str, Any]] = []  # generation, ms, collected objects
+        self.pauses: List[Dict[str, Any]] = []  # generation, ms, collected, thread
         self._t = 0.0
         self._range: Optional[torch.profiler.record_function] = None
 
@@ -55,7 +59,8 @@ class GcPauses:
         ms = (time.perf_counter() - self._t) * 1e3
         self._close_range()
         self.pauses.append(dict(generation=info['generation'], ms=ms,
-                                collected=info.get('collected', 0)))
+                                collected=info.get('collected', 0),
+                                thread=threading.current_thread().name))
 
     def _close_range(self) -> None:
         if self._range is not None:

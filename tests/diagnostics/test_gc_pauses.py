@@ -31,6 +31,16 @@ def test_a_full_collection_frees_a_reference_cycle_and_says_so():
         del cycle
         gc.collect()
     assert max(p['collected'] for p in pauses.pauses) >= 1
+    assert {p['thread'] for p in pauses.pauses} == {'MainThread'}
+
+
+def test_a_collection_on_another_thread_names_it():
+    import threading
+    with GcPauses() as pauses:
+        worker = threading.Thread(target=gc.collect, name='pin_memory_like')
+        worker.start()
+        worker.join()
+    assert 'pin_memory_like' in {p['thread'] for p in pauses.pauses}
 
 
 def test_collections_are_ranges_in_a_profile():
