@@ -19,7 +19,8 @@
 # --cfg-options; FIT_1GPU=1 (bevfusion): configs/bevfusion_1gpu.py as users run it;
 # OURS_OPTIONS (bevfusion): --cfg-options added to every run of ours;
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; STEP_OPTIONS (profile): more
-# --cfg-options for BEVFusion; TRACE=1 (profile): BEVFusion's Chrome trace of the
+# --cfg-options for BEVFusion; STEP_ARGS (profile): more benchmark_train_step.py
+# arguments for BEVFusion (--gc-freeze, --gc-interval N: GarbageCollectionHook); TRACE=1 (profile): BEVFusion's Chrome trace of the
 # profiled micro-batches as $OUT/bevfusion_b4_spconv[_LABEL]_trace.json.gz;
 # PROFILE_STEPS (profile): BEVFusion's profiled micro-batches, default 8 (call I1's
 # four took 136-262 ms each: too few for a busy share); PROFILE_LABEL (profile): a
@@ -136,7 +137,7 @@ for stage in "$@"; do
       PYTHONPATH=$SP $STEP $BEVFUSION \
         --batch 4 --precision ${PRECISIONS:-bf16,fp32} --warmup 8 --iters 24 \
         --profile "${PROFILE_STEPS:-8}" \
-        --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
+        ${STEP_ARGS:-} --cfg-options float32_matmul_precision=high $NO_HUB ${STEP_OPTIONS:-} \
         ${TRACE:+--trace "$OUT/${name}_trace.json.gz"} \
         --out "$OUT/${name}_profile.json" > "$OUT/${name}_profile.log" 2>&1
       grep -E "^\[step\]|Error" "$OUT/${name}_profile.log" | cut -c1-160

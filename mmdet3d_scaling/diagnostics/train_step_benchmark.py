@@ -104,6 +104,19 @@ def configure(cfg: Config, batch: int, precision: str, iters: int,
     return cfg
 
 
+def add_gc_hook(cfg: Config, freeze: bool = False,
+                interval: Optional[int] = None) -> Optional[dict]:
+    """Train ``cfg`` with ``GarbageCollectionHook(freeze, collect_interval=interval)``
+    (:mod:`mmdet3d_scaling.hooks.garbage_collection_hook`) in place of any it has; the
+    hook's settings, or None where neither is asked for (the config as it is)."""
+    if not freeze and interval is None:
+        return None
+    hook = dict(type='GarbageCollectionHook', freeze=freeze, collect_interval=interval)
+    cfg.custom_hooks = [h for h in cfg.get('custom_hooks') or []
+                        if 'GarbageCollection' not in str(h.get('type'))] + [hook]
+    return hook
+
+
 def busy_share(intervals: List[Tuple[float, float]], wall_us: float) -> float:
     """Share of ``wall_us`` covered by at least one of ``intervals`` (start, end)."""
     covered = sum(stop - start for start, stop in merge(intervals))

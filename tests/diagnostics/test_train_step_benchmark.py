@@ -62,3 +62,19 @@ def test_write_trace_writes_a_chrome_trace(tmp_path, name):
     with opener(path, 'rt') as f:
         events = json.load(f)['traceEvents']
     assert any('mm' in e.get('name', '') for e in events)
+
+
+def test_add_gc_hook_trains_with_the_garbage_collection_hook():
+    from mmdet3d.registry import HOOKS
+
+    from mmdet3d_scaling.diagnostics.train_step_benchmark import add_gc_hook
+    cfg = Config.fromfile(BEVFUSION)
+    before = list(cfg.get('custom_hooks') or [])
+    assert add_gc_hook(cfg) is None and list(cfg.get('custom_hooks') or []) == before
+    hook = add_gc_hook(cfg, freeze=True, interval=8)
+    assert hook == dict(type='GarbageCollectionHook', freeze=True, collect_interval=8)
+    assert cfg.custom_hooks[-1] == hook and cfg.custom_hooks[:-1] == before
+    add_gc_hook(cfg, freeze=True)  # replaces, never two
+    assert sum('GarbageCollection' in h['type'] for h in cfg.custom_hooks) == 1
+    built = HOOKS.build(cfg.custom_hooks[-1])
+    assert built.freeze and built.collect_interval is None

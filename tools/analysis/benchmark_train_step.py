@@ -52,6 +52,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument('--sync-each-iter', action='store_true',
                    help='synchronise with the GPU around every micro-batch (isolated '
                         'steps; default: only at the ends of the measured window)')
+    p.add_argument('--gc-freeze', action='store_true',
+                   help='train with GarbageCollectionHook(freeze=True): the start-up '
+                        'heap frozen before the first iteration')
+    p.add_argument('--gc-interval', type=int, default=None,
+                   help='train with GarbageCollectionHook(collect_interval=N): automatic '
+                        'collection off, a full one every N micro-batches')
     p.add_argument('--cfg-options', nargs='+', action=DictAction,
                    help='override config settings (key=value)')
     p.add_argument('--work-dir', default='work_dirs/benchmark_train_step',
@@ -66,7 +72,8 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
     from mmengine.registry import RUNNERS
     from mmengine.runner import Runner
 
-    from mmdet3d_scaling.diagnostics.train_step_benchmark import TrainStepProbe, configure
+    from mmdet3d_scaling.diagnostics.train_step_benchmark import (TrainStepProbe, add_gc_hook,
+                                                                  configure)
     cfg = Config.fromfile(args.config)
     if args.cfg_options:
         cfg.merge_from_dict(args.cfg_options)
@@ -74,6 +81,7 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
                            sync_each_iter=args.sync_each_iter, sync_sites=args.sync_sites,
                            trace=args.trace)
     configure(cfg, args.batch, precision, probe.last_iteration, args.workers)
+    gc_hook = add_gc_hook(cfg, args.gc_freeze, args.gc_interval)
     cfg.work_dir = osp.join(args.work_dir, precision)
     runner = RUNNERS.build(cfg) if 'runner_type' in cfg else Runner.from_cfg(cfg)
     runner.register_hook(probe)
@@ -81,7 +89,7 @@ def run_one(args: argparse.Namespace, precision: str) -> dict:
     return dict(config=args.config, precision=precision, stock=args.stock,
                 threads=torch.get_num_threads(), gpu=torch.cuda.get_device_name(),
                 torch=torch.__version__, cap_gib=args.cap_gib,
-                cfg_options=args.cfg_options, **probe.figures())
+                cfg_options=args.cfg_options, gc_hook=gc_hook, **probe.figures())
 
 
 def print_sync_sites(rows: List[dict]) -> None:
