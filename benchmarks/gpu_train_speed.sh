@@ -20,8 +20,9 @@
 # OURS_OPTIONS (bevfusion): --cfg-options added to every run of ours;
 # PROFILE_MODELS (profile): default "bevfusion pv_rcnn"; STEP_OPTIONS (profile): more
 # --cfg-options for BEVFusion; STEP_ARGS (profile): more benchmark_train_step.py
-# arguments for BEVFusion (--gc-freeze, --gc-interval N: GarbageCollectionHook); TRACE=1 (profile): BEVFusion's Chrome trace of the
-# profiled micro-batches as $OUT/bevfusion_b4_spconv[_LABEL]_trace.json.gz;
+# arguments for BEVFusion (--gc-freeze, --gc-interval N: GarbageCollectionHook);
+# TRACE=1 (profile): BEVFusion's Chrome trace of the profiled micro-batches as
+# $OUT/bevfusion_b4_spconv[_LABEL]_trace.json.gz;
 # PROFILE_STEPS (profile): BEVFusion's profiled micro-batches, default 8 (call I1's
 # four took 136-262 ms each: too few for a busy share); PROFILE_LABEL (profile): a
 # suffix of BEVFusion's file names, to profile two settings in one call; TEST_FILES (tests).

@@ -28,6 +28,12 @@ def load_trace(path: str) -> List[Dict[str, Any]]:
 NAME_CHARS = 120  # of a kernel's name, as the benchmark's top kernels keep it
 
 
+def _is_range(event: Dict[str, Any], prefixes) -> bool:
+    """Whether ``event`` is a profiler range whose name starts with ``prefixes``."""
+    return (event.get('cat') == 'user_annotation' and event.get('ph') == 'X'
+            and str(event.get('name', '')).startswith(prefixes))
+
+
 def trimmed(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """The events :func:`trace_busy` reads (the GPU's activities and the stage ranges),
     with the fields it reads (names cut at ``NAME_CHARS``): a trace a tenth of the size
@@ -35,10 +41,8 @@ def trimmed(events: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     keep = ('ph', 'cat', 'ts', 'dur', 'tid')
     return [dict({k: e[k] for k in keep if k in e}, name=str(e.get('name', ''))[:NAME_CHARS])
             for e in events
-            if e.get('ph') == 'X' and (
-                e.get('cat') in GPU_ACTIVITIES
-                or (e.get('cat') == 'user_annotation'
-                    and str(e.get('name', '')).startswith((PREFIX, GC_PREFIX))))]
+            if (e.get('ph') == 'X' and e.get('cat') in GPU_ACTIVITIES)
+            or _is_range(e, (PREFIX, GC_PREFIX))]
 
 
 def save_trace(events: List[Dict[str, Any]], path: str) -> None:
@@ -56,8 +60,7 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
             step benchmark).
     """
     ranges = [(e['ts'], e['ts'] + e['dur'], e['name'][len(PREFIX):]) for e in events
-              if e.get('cat') == 'user_annotation' and e.get('ph') == 'X'
-              and str(e.get('name', '')).startswith(PREFIX)]
+              if _is_range(e, PREFIX)]
     n, pieces = step_pieces(ranges)
     if not n:
         raise ValueError('the trace has no "stage:step" range: save it with '
@@ -68,8 +71,7 @@ def trace_busy(events: List[Dict[str, Any]], gaps: int = 10) -> Dict[str, Any]:
     busy = BusyTime(activities)
     # Python's garbage collections, where the trace marks them (.gc_pauses)
     collections = merge([(e['ts'], e['ts'] + e['dur']) for e in events
-                         if e.get('cat') == 'user_annotation' and e.get('ph') == 'X'
-                         and str(e.get('name', '')).startswith(GC_PREFIX)])
+                         if _is_range(e, GC_PREFIX)])
     idle = {name: wall - busy_us
             for name, (wall, busy_us) in wall_and_busy(pieces, busy).items()}
     spans = [(a, b) for a, b in merge(activities) if b > start and a < stop]
