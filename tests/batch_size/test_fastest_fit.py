@@ -69,7 +69,7 @@ def bevfusion():
     """The reduced LiDAR-camera BEVFusion of the model tests, with the Swin blocks, the
     neck and the view transform checkpointed as configs/bevfusion_1gpu.py has them."""
     pytest.importorskip('spconv.pytorch')
-    from tests.models.bevfusion import test_lidar_cam_detector as cam
+    from tests.models.bevfusion import common as cam
     from tests.models.bevfusion.common import build, toy_batch
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

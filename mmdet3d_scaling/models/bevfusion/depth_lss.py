@@ -52,6 +52,23 @@ def _bev_downsample(channels: int, downsample: int) -> nn.Module:
     return nn.Sequential(*block(1), *block(downsample), *block(1))
 
 
+def _last_write(index: Tensor, values: Tensor, size: int) -> Tensor:
+    """``out[index[i]] = values[i]`` for every ``i`` in order, into zeros of ``size``:
+    where indices repeat, the last write wins, on the CPU and on CUDA alike.
+
+    ``index_put_`` with repeated indices keeps an arbitrary one of the values on CUDA
+    (and on CPU threads); the winner is chosen here as the largest position, by a max
+    (exact in any order), then gathered. No host read.
+    """
+    if index.numel() == 0:  # a sample without points
+        return values.new_zeros(size)
+    position = torch.arange(index.numel(), device=index.device)
+    winner = torch.full((size, ), -1, dtype=torch.long, device=index.device)
+    winner.scatter_reduce_(0, index, position, 'amax')
+    hit = winner >= 0
+    return torch.where(hit, values[winner.clamp(min=0)], values.new_zeros(()))
+
+
 def _no_autocast(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
@@ -261,7 +278,9 @@ class DepthLSSTransform(BaseViewTransform):
 
         Points are in the augmented LiDAR frame: undo ``lidar_aug_matrix``, project
         with ``lidar2image``, apply ``img_aug_matrix``. Where several points hit one
-        pixel, one of them (the last on the CPU) is kept, as upstream.
+        pixel, the last of them in input order is kept, on every device. Upstream
+        writes them all at once: its loop's result on the CPU, an arbitrary one of
+        them on CUDA, which made two runs of the camera branch differ by about 1 %.
         """
         iH, iW = self.image_size
         device = lidar2image.device
@@ -289,10 +308,8 @@ class DepthLSSTransform(BaseViewTransform):
         cam_ix = torch.arange(num_cams, device=xyz.device).view(-1, 1)
         flat = (cam_ix * iH + row.long()) * iW + col.long()
         dump = num_cams * iH * iW  # one spare slot takes every point off the images
-        flat = torch.where(on_img, flat, torch.full_like(flat, dump))
-        depth = xyz.new_zeros(dump + 1)
-        depth.index_put_((flat.reshape(-1), ), dist.reshape(-1))
-        return depth[:dump]
+        flat = torch.where(on_img, flat, torch.full_like(flat, dump)).reshape(-1)
+        return _last_write(flat, dist.reshape(-1), dump + 1)[:dump]
 
     def forward(self, img: Tensor, points: List[Tensor], lidar2image: Tensor,
                 cam_intrinsic: Tensor, camera2lidar: Tensor, img_aug_matrix: Tensor,

@@ -6,6 +6,7 @@ official Z layout, SECOND + SECONDFPN, TransFusion head with velocity) on a 25.6
 train step takes well under a second on two CPU cores.
 """
 import copy
+import math
 import os.path as osp
 from typing import List, Optional, Tuple
 
@@ -178,3 +179,64 @@ def toy_batch(seed: int = 0, batch_size: int = 2, n_boxes: int = 4,
 
 def gt_of(batch: dict) -> List[InstanceData]:
     return [s.gt_instances_3d for s in batch['data_samples']]
+
+
+# The LiDAR-camera model: the reduced LiDAR model above with a reduced camera branch
+# of the official structure and two cameras.
+IMAGE = (32, 96)  # multiples of 32 (the preprocessor pads to 32)
+CAMS = 2
+
+
+def camera_cfg(**view_options) -> dict:
+    cfg = tiny_model_cfg()
+    cfg['data_preprocessor'].update(mean=[123.675, 116.28, 103.53],
+                                    std=[58.395, 57.12, 57.375], bgr_to_rgb=False)
+    cfg.update(
+        img_backbone=dict(
+            type='mmdet.SwinTransformer', embed_dims=16, depths=[1, 1, 1, 1],
+            num_heads=[1, 1, 2, 4], window_size=7, mlp_ratio=2, qkv_bias=True,
+            drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.0, patch_norm=True,
+            out_indices=[1, 2, 3], with_cp=False, convert_weights=False),
+        img_neck=dict(
+            type='GeneralizedLSSFPN', in_channels=[32, 64, 128], out_channels=16,
+            start_level=0, num_outs=3, norm_cfg=dict(type='BN2d', requires_grad=True),
+            act_cfg=dict(type='ReLU', inplace=True),
+            upsample_cfg=dict(mode='bilinear', align_corners=False)),
+        view_transform=dict(
+            type='DepthLSSTransform', in_channels=16, out_channels=8, image_size=IMAGE,
+            feature_size=[IMAGE[0] // 8, IMAGE[1] // 8], xbound=[PCR[0], PCR[3], 0.8],
+            ybound=[PCR[1], PCR[4], 0.8], zbound=[-10.0, 10.0, 20.0],
+            dbound=[1.0, 19.0, 2.0], downsample=2, **view_options),
+        fusion_layer=dict(type='ConvFuser', in_channels=[8, 64], out_channels=64))
+    return cfg
+
+
+def camera_metas():
+    """Two cameras at 1.5 m height looking forward and backward, focal 48 px."""
+    K = np.eye(4)
+    K[0, 0] = K[1, 1] = 48.0
+    K[0, 2], K[1, 2] = IMAGE[1] / 2, IMAGE[0] / 2
+    lidar2img, cam2lidar, cam2img = [], [], []
+    for n in range(CAMS):
+        yaw = math.pi * n
+        c2l = np.eye(4)
+        c2l[:3, :3] = np.stack([[math.sin(yaw), -math.cos(yaw), 0.0], [0.0, 0.0, -1.0],
+                                [math.cos(yaw), math.sin(yaw), 0.0]], 1)
+        c2l[:3, 3] = [0.0, 0.0, -0.3]
+        cam2lidar.append(c2l)
+        cam2img.append(K)
+        lidar2img.append(K @ np.linalg.inv(c2l))
+    return dict(lidar2img=np.stack(lidar2img), cam2img=np.stack(cam2img),
+                cam2lidar=np.stack(cam2lidar),
+                img_aug_matrix=np.stack([np.eye(4, dtype=np.float32)] * CAMS),
+                lidar_aug_matrix=np.eye(4))
+
+
+def camera_batch(seed: int = 0) -> dict:
+    batch = toy_batch(seed=seed)
+    g = torch.Generator().manual_seed(seed)
+    batch['inputs']['img'] = [torch.rand(CAMS, 3, *IMAGE, generator=g) * 255
+                              for _ in batch['data_samples']]
+    for sample in batch['data_samples']:
+        sample.set_metainfo(camera_metas())
+    return batch

@@ -20,6 +20,7 @@ from mmengine.registry import DefaultScope
 
 REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
                           'data', 'reference', 'official_bevfusion_state_dict.json')
+DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 LIDAR_CAM = 'bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
 
 # Official camera-branch settings (mmdet3d 1.4's LiDAR-camera config).
@@ -159,6 +160,38 @@ def test_depth_map_pixels_match_projection():
     # Camera 1 looks the other way.
     assert depth[0, 0, 0, 17, 40] == pytest.approx(7.0)
     assert depth[0, 0].count_nonzero() == 1 and depth[0, 1].count_nonzero() == 0
+
+
+@pytest.mark.parametrize('device', DEVICES)
+def test_depth_map_keeps_the_last_point_of_a_pixel(device):
+    """Points on one ray share a pixel: the last in input order is kept, as a loop
+    writing them one by one keeps it, on the CPU and on CUDA (where upstream's single
+    ``index_put_`` keeps an arbitrary one) and in every run."""
+    vt = build(SMALL_VT).to(device)
+    l2i, _, _ = camera_rig(1, 2)
+    eye = torch.eye(4, device=device)
+    camera, ray = torch.tensor([0.0, 0.0, 0.5]), torch.tensor([7.0, 0.3, 0.0])
+    rng = torch.Generator().manual_seed(0)
+    scales = torch.rand(64, generator=rng) * 2 + 0.5
+    noise = torch.rand(4000, 3, generator=rng) * 20 - 10  # hits pixels many times too
+    pts = torch.cat([noise, camera + ray * scales[:, None]]).to(device)
+    runs = [vt.lidar_depth_map([pts], l2i.to(device), eye.expand(1, 2, 4, 4),
+                               eye.expand(1, 4, 4), 2).cpu() for _ in range(3)]
+    reference = _depth_map_loop(vt.lidar_depth_map, pts.cpu(), l2i)
+    for depth in runs:
+        assert torch.equal(depth, reference)
+    # the ray's pixel (u = 44 - 40 * 0.3 / 7, v = 16) holds the last ray point's depth
+    assert float(reference[0, 0, 0, 16, 42]) == pytest.approx(7.0 * float(scales[-1]))
+
+
+def _depth_map_loop(depth_map, pts: torch.Tensor, l2i: torch.Tensor) -> torch.Tensor:
+    """The depth map written one point at a time, in input order (on the CPU)."""
+    eye = torch.eye(4)
+    out = torch.zeros(1, 2, 1, *IMAGE)
+    for p in pts:
+        one = depth_map([p[None]], l2i, eye.expand(1, 2, 4, 4), eye.expand(1, 4, 4), 2)
+        out = torch.where(one != 0, one, out)
+    return out
 
 
 def test_geometry_inverts_the_projection_with_augmentations():

@@ -6,19 +6,22 @@ for bit. A LiDAR-only model with it is a clear error.
 On CUDA the whole model does not repeat itself, even on one stream in full float32
 with mmcv's sparse conv, BEV pooling without atomics and cuDNN's deterministic
 algorithms: two one-stream runs gave heatmap losses 129.334 and 129.396 on an H100
-(call H2), and in call I1 they differed beyond 5e-3. The head makes discrete choices
-(the top-k proposals of the heatmap, the Hungarian matching) that turn the last-bit
-differences of atomic additions (sparse-conv index building, scatters) into different
+(call H2). The head makes discrete choices (the top-k proposals of the heatmap, the
+Hungarian matching) that turn last-bit differences of atomic additions into different
 proposals. So on CUDA the tests compare what the key changes, the branches: the fused
 BEV map that ``extract_bev`` returns and the gradients of a fixed random projection of
-it. That part is continuous, and a stream race (a buffer read before the other stream
-has written it) changes it by far more. The tolerance is ``CUDA_TOL``, or three times
-the spread of two one-stream runs where that is larger: with spconv on the path two
-one-stream runs of the branches differed by 0.9 % of the BEV map's norm on an H100, a
-one-stream and a two-stream run by 1.5 % (call K1, without a warm-up run); with mmcv
-alone both stayed under ``CUDA_TOL``. A warm-up run comes first
-(autotuning, first-call caches). The one-stream test checks that the spread stays
-below ``MAX_SPREAD``, which is what makes the comparison mean something.
+it. A stream race (a buffer read before the other stream has written it) changes those
+by far more than rounding. The tolerance is ``CUDA_TOL``, or three times the spread of
+two one-stream runs where that is larger, after a warm-up run (autotuning, first-call
+caches); the one-stream test checks that the spread stays below ``MAX_SPREAD``, which is
+what makes the comparison mean something.
+
+The branches themselves held a discrete choice until the LiDAR depth map kept the last
+point of a pixel (``DepthLSSTransform.lidar_depth_map``): with 3,000 points on two 32 x
+96 images many share a pixel, and CUDA kept an arbitrary one. Two one-stream runs then
+differed by 0.9 % of the BEV map's norm (call K1) and by 49 % of a small gradient's
+(call L1, the Swin patch embedding's bias). These tests need CUDA only: they run
+without spconv too (the branches use mmcv's sparse conv).
 """
 import copy
 import importlib.util
@@ -26,11 +29,10 @@ import importlib.util
 import pytest
 import torch
 
-from .common import build
-from .test_lidar_cam_detector import camera_batch, camera_cfg
+from .common import build, camera_batch, camera_cfg
 
 CUDA_TOL = 1e-3  # of the BEV map's and of each gradient's norm (module docstring)
-MAX_SPREAD = 5e-2  # of two one-stream runs with spconv on the path (module docstring)
+MAX_SPREAD = 1e-2  # of two one-stream runs (module docstring)
 needs_spconv = pytest.mark.skipif(importlib.util.find_spec('spconv') is None,
                                   reason='the CPU sparse conv needs spconv')
 
@@ -124,8 +126,6 @@ def _branch_runs(concurrent_branches: bool) -> tuple:
     return first, second, other
 
 
-@pytest.mark.slow
-@needs_spconv
 @pytest.mark.slow
 @needs_spconv
 def test_same_losses_and_gradients_on_the_cpu():
