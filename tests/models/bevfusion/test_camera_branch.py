@@ -163,25 +163,42 @@ def test_depth_map_pixels_match_projection():
 
 
 @pytest.mark.parametrize('device', DEVICES)
+def test_last_write_equals_writes_in_order(device):
+    """Repeated indices: the last value in input order wins, as a loop writing one
+    value at a time; no index at all gives zeros."""
+    from mmdet3d_scaling.models.bevfusion.depth_lss import _last_write
+    g = torch.Generator().manual_seed(0)
+    index = torch.randint(0, 50, (2000, ), generator=g)
+    values = torch.rand(2000, generator=g) + 0.5
+    expected = torch.zeros(60)
+    for i, v in zip(index.tolist(), values):
+        expected[i] = v
+    out = _last_write(index.to(device), values.to(device), 60)
+    assert torch.equal(out.cpu(), expected)
+    empty = _last_write(index[:0].to(device), values[:0].to(device), 5)
+    assert torch.equal(empty.cpu(), torch.zeros(5))
+
+
+@pytest.mark.parametrize('device', DEVICES)
 def test_depth_map_keeps_the_last_point_of_a_pixel(device):
-    """Points on one ray share a pixel: the last in input order is kept, as a loop
-    writing them one by one keeps it, on the CPU and on CUDA (where upstream's single
-    ``index_put_`` keeps an arbitrary one) and in every run."""
+    """Points on one ray share a pixel: the last in input order is kept, in every run,
+    on the CPU and on CUDA (where upstream's single ``index_put_`` keeps an arbitrary
+    one); on the CPU the map equals one written point by point."""
     vt = build(SMALL_VT).to(device)
     l2i, _, _ = camera_rig(1, 2)
     eye = torch.eye(4, device=device)
-    camera, ray = torch.tensor([0.0, 0.0, 0.5]), torch.tensor([7.0, 0.3, 0.0])
+    # from camera 0's centre (0, 0, 0.5): pixel u = 44 - 40 * 0.3 / 7, v = 16 + 40 * 0.2 / 7
+    camera, ray = torch.tensor([0.0, 0.0, 0.5]), torch.tensor([7.0, 0.3, -0.2])
     rng = torch.Generator().manual_seed(0)
     scales = torch.rand(64, generator=rng) * 2 + 0.5
     noise = torch.rand(4000, 3, generator=rng) * 20 - 10  # hits pixels many times too
     pts = torch.cat([noise, camera + ray * scales[:, None]]).to(device)
     runs = [vt.lidar_depth_map([pts], l2i.to(device), eye.expand(1, 2, 4, 4),
                                eye.expand(1, 4, 4), 2).cpu() for _ in range(3)]
-    reference = _depth_map_loop(vt.lidar_depth_map, pts.cpu(), l2i)
-    for depth in runs:
-        assert torch.equal(depth, reference)
-    # the ray's pixel (u = 44 - 40 * 0.3 / 7, v = 16) holds the last ray point's depth
-    assert float(reference[0, 0, 0, 16, 42]) == pytest.approx(7.0 * float(scales[-1]))
+    assert all(torch.equal(depth, runs[0]) for depth in runs)
+    assert float(runs[0][0, 0, 0, 17, 42]) == pytest.approx(7.0 * float(scales[-1]))
+    if device == 'cpu':
+        assert torch.equal(runs[0], _depth_map_loop(vt.lidar_depth_map, pts, l2i))
 
 
 def _depth_map_loop(depth_map, pts: torch.Tensor, l2i: torch.Tensor) -> torch.Tensor:
