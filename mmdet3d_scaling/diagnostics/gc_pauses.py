@@ -8,7 +8,8 @@ longest gaps of the GPU, 12.73 and 12.60 ms, had no operator running on any thre
 (docs/benchmarks.md, "Where the step waits now"): a collection is one thing that looks
 like that; the interpreter lock held by another thread is another. This recorder
 tells them apart: it times every collection and, while a profiler records, marks each
-as a range ``gc:gen<N>`` in the trace, beside the stage ranges.
+as a range ``gc:gen<N>`` in the trace, beside the stage ranges. (For BEVFusion 1xb4 the
+answer was no: in call L2 collections took 0.31 ms a micro-batch, none in a gap.)
 
 Uses ``gc.callbacks`` (CPython): a callback runs in the thread whose allocation
 started the collection, before and after it; each pause names that thread. torch's

@@ -280,7 +280,7 @@ class DepthLSSTransform(BaseViewTransform):
         with ``lidar2image``, apply ``img_aug_matrix``. Where several points hit one
         pixel, the last of them in input order is kept, on every device. Upstream
         writes them all at once: its loop's result on the CPU, an arbitrary one of
-        them on CUDA, which made two runs of the camera branch differ by about 1 %.
+        them on CUDA, so two of its runs on one batch differ.
         """
         iH, iW = self.image_size
         device = lidar2image.device

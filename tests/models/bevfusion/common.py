@@ -1,4 +1,5 @@
-"""Shared helpers of the BEVFusion tests: a reduced LiDAR-only model and toy frames.
+"""Shared helpers of the BEVFusion tests: a reduced LiDAR-only model, toy frames, and
+the LiDAR-camera model on top of it (two cameras, ``camera_cfg`` / ``camera_batch``).
 
 The reduced model keeps the official structure (basic-block sparse encoder with the
 official Z layout, SECOND + SECONDFPN, TransFusion head with velocity) on a 25.6 m x
