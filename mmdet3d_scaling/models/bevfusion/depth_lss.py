@@ -52,6 +52,12 @@ def _bev_downsample(channels: int, downsample: int) -> nn.Module:
     return nn.Sequential(*block(1), *block(downsample), *block(1))
 
 
+# Slots the points off the images are written to, then dropped. Most of the (points x
+# cameras) projections miss their image (each point is seen by one or two of six
+# cameras); many slots keep ``_last_write``'s atomic max from queueing on one address.
+SPARE_SLOTS = 4096
+
+
 def _last_write(index: Tensor, values: Tensor, size: int) -> Tensor:
     """``out[index[i]] = values[i]`` for every ``i`` in order, into zeros of ``size``:
     where indices repeat, the last write wins, on the CPU and on CUDA alike.
@@ -307,9 +313,11 @@ class DepthLSSTransform(BaseViewTransform):
         on_img = (row >= 0) & (row < iH) & (col >= 0) & (col < iW)
         cam_ix = torch.arange(num_cams, device=xyz.device).view(-1, 1)
         flat = (cam_ix * iH + row.long()) * iW + col.long()
-        dump = num_cams * iH * iW  # one spare slot takes every point off the images
-        flat = torch.where(on_img, flat, torch.full_like(flat, dump)).reshape(-1)
-        return _last_write(flat, dist.reshape(-1), dump + 1)[:dump]
+        dump = num_cams * iH * iW  # spare slots past the map take the points off the images
+        flat, on_img = flat.reshape(-1), on_img.reshape(-1)
+        spare = dump + torch.arange(flat.numel(), device=flat.device) % SPARE_SLOTS
+        flat = torch.where(on_img, flat, spare)
+        return _last_write(flat, dist.reshape(-1), dump + SPARE_SLOTS)[:dump]
 
     def forward(self, img: Tensor, points: List[Tensor], lidar2image: Tensor,
                 cam_intrinsic: Tensor, camera2lidar: Tensor, img_aug_matrix: Tensor,
