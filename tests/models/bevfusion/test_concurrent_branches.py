@@ -20,8 +20,9 @@ The branches themselves held a discrete choice until the LiDAR depth map kept th
 point of a pixel (``DepthLSSTransform.lidar_depth_map``): with 3,000 points on two 32 x
 96 images many share a pixel, and CUDA kept an arbitrary one. Two one-stream runs then
 differed by 0.9 % of the BEV map's norm (call K1) and by 49 % of a small gradient's
-(call L1, the Swin patch embedding's bias). These tests need CUDA only: they run
-without spconv too (the branches use mmcv's sparse conv).
+(call L1, the Swin patch embedding's bias); with the last point kept they pass on both
+sides (call M1). These tests need CUDA only: they run without spconv too (the branches
+use mmcv's sparse conv).
 """
 import copy
 import importlib.util
