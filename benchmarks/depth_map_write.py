@@ -9,8 +9,9 @@ dropped. Rows (median of ``--repeats`` CUDA-synchronised calls, one sample):
 - ``index_put``: upstream's write, all projections at once with ``index_put_``
   (one spare slot; arbitrary winner where points share a pixel);
 - ``last_write_one_spare``: ``_last_write`` with every off-image projection on one slot;
-- ``last_write``: ``_last_write`` with them spread over ``SPARE_SLOTS`` slots, as
-  ``DepthLSSTransform.lidar_depth_map`` writes them.
+- ``last_write``: ``_last_write`` told which projections to drop (``keep``), as
+  ``DepthLSSTransform.lidar_depth_map`` calls it: it spreads them over ``SPARE_SLOTS``
+  slots.
 
 It first checks that the two ``_last_write`` layouts give the same map::
 
@@ -20,9 +21,7 @@ import argparse
 import json
 import os.path as osp
 import platform
-import statistics
 import sys
-import time
 from typing import Callable, Dict, List
 
 import torch
@@ -31,6 +30,7 @@ sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmdet3d_scaling.models.bevfusion.depth_lss import (SPARE_SLOTS,  # noqa: E402
                                                          _last_write)
+from timing import timed  # noqa: E402  (benchmarks/timing.py)
 
 
 def projections(points: int, cams: int, pixels: int, on_image: float,
@@ -47,8 +47,6 @@ def projections(points: int, cams: int, pixels: int, on_image: float,
 def writers(p: Dict[str, torch.Tensor], size: int) -> Dict[str, Callable[[], torch.Tensor]]:
     flat, hit, depth = p['flat'], p['hit'], p['depth']
     one_spare = torch.where(hit, flat, torch.full_like(flat, size))
-    spread = torch.where(hit, flat, size + torch.arange(
-        flat.numel(), device=flat.device) % SPARE_SLOTS)
 
     def index_put():
         out = depth.new_zeros(size + 1)
@@ -56,22 +54,7 @@ def writers(p: Dict[str, torch.Tensor], size: int) -> Dict[str, Callable[[], tor
 
     return dict(index_put=index_put,
                 last_write_one_spare=lambda: _last_write(one_spare, depth, size + 1)[:size],
-                last_write=lambda: _last_write(spread, depth, size + SPARE_SLOTS)[:size])
-
-
-def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of ``fn`` (after two warm-up calls)."""
-    fn(), fn()
-    times = []
-    for _ in range(repeats):
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+                last_write=lambda: _last_write(flat, depth, size, keep=hit))
 
 
 def main(argv: List[str] = None) -> None:
@@ -93,7 +76,8 @@ def main(argv: List[str] = None) -> None:
                               args.device), size)
     if not torch.equal(fns['last_write'](), fns['last_write_one_spare']()):
         raise SystemExit('the two _last_write layouts give different maps')
-    rows = {name: timed(fn, args.device, args.repeats) for name, fn in fns.items()}
+    rows = {name: timed(fn, args.device, args.repeats, warmup=2)
+            for name, fn in fns.items()}
     for name, seconds in rows.items():
         print(f'{name:22s} {1e3 * seconds:8.3f} ms')
     if args.out:

@@ -26,14 +26,14 @@ import os.path as osp
 import platform
 import statistics
 import sys
-import time
-from typing import Callable, Dict, List
+from typing import Dict, List
 
 import torch
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))
 
 from mmdet3d_scaling.ops import nms_bev  # noqa: E402
+from timing import timed  # noqa: E402  (benchmarks/timing.py)
 
 SIZES = ((0.8, 0.6), (1.76, 0.6), (3.9, 1.6))  # KITTI anchors (l, w): Ped, Cyc, Car
 
@@ -68,21 +68,6 @@ def proposals(num: int, seed: int, scores_kind: str, device: str):
     scores, top = scores.topk(min(num, n))
     boxes = xywhr2xyxyr(LiDARInstance3DBoxes(anchors[top]).bev)
     return boxes.to(device), scores.to(device)
-
-
-def timed(fn: Callable[[], object], device: str, repeats: int) -> float:
-    """Median seconds of ``fn`` (after one warm-up call)."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        if device == 'cuda':
-            torch.cuda.synchronize()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def run_setting(args, num: int, scores_kind: str) -> Dict:

@@ -52,27 +52,34 @@ def _bev_downsample(channels: int, downsample: int) -> nn.Module:
     return nn.Sequential(*block(1), *block(downsample), *block(1))
 
 
-# Slots the points off the images are written to, then dropped. Most of the (points x
-# cameras) projections miss their image (each point is seen by one or two of six
-# cameras); many slots keep ``_last_write``'s atomic max from queueing on one address.
+# Slots the dropped entries of ``_last_write`` go to. Most of the depth map's (points x
+# cameras) projections miss their image (a point is seen by one or two of six cameras);
+# on a single slot the atomic max would queue on one address.
 SPARE_SLOTS = 4096
 
 
-def _last_write(index: Tensor, values: Tensor, size: int) -> Tensor:
-    """``out[index[i]] = values[i]`` for every ``i`` in order, into zeros of ``size``:
-    where indices repeat, the last write wins, on the CPU and on CUDA alike.
+def _last_write(index: Tensor, values: Tensor, size: int,
+                keep: Optional[Tensor] = None) -> Tensor:
+    """``out[index[i]] = values[i]`` for every ``i`` in order (where ``keep[i]``, if
+    given), into zeros of ``size``: where indices repeat, the last write wins, on the
+    CPU and on CUDA alike.
 
     ``index_put_`` with repeated indices keeps an arbitrary one of the values on CUDA
     (and on CPU threads); the winner is chosen here as the largest position, by a max
-    (exact in any order), then gathered. No host read.
+    (exact in any order), then gathered. Dropped entries (any index) are written to
+    ``SPARE_SLOTS`` slots past the end. No host read.
     """
     if index.numel() == 0:  # a sample without points
         return values.new_zeros(size)
     position = torch.arange(index.numel(), device=index.device)
-    winner = torch.full((size, ), -1, dtype=torch.long, device=index.device)
+    slots = size
+    if keep is not None:
+        index = torch.where(keep, index, size + position % SPARE_SLOTS)
+        slots += SPARE_SLOTS
+    winner = torch.full((slots, ), -1, dtype=torch.long, device=index.device)
     winner.scatter_reduce_(0, index, position, 'amax')
-    hit = winner >= 0
-    return torch.where(hit, values[winner.clamp(min=0)], values.new_zeros(()))
+    winner = winner[:size]
+    return torch.where(winner >= 0, values[winner.clamp(min=0)], values.new_zeros(()))
 
 
 def _no_autocast(device: torch.device):
@@ -313,11 +320,8 @@ class DepthLSSTransform(BaseViewTransform):
         on_img = (row >= 0) & (row < iH) & (col >= 0) & (col < iW)
         cam_ix = torch.arange(num_cams, device=xyz.device).view(-1, 1)
         flat = (cam_ix * iH + row.long()) * iW + col.long()
-        dump = num_cams * iH * iW  # spare slots past the map take the points off the images
-        flat, on_img = flat.reshape(-1), on_img.reshape(-1)
-        spare = dump + torch.arange(flat.numel(), device=flat.device) % SPARE_SLOTS
-        flat = torch.where(on_img, flat, spare)
-        return _last_write(flat, dist.reshape(-1), dump + SPARE_SLOTS)[:dump]
+        return _last_write(flat.reshape(-1), dist.reshape(-1), num_cams * iH * iW,
+                           keep=on_img.reshape(-1))
 
     def forward(self, img: Tensor, points: List[Tensor], lidar2image: Tensor,
                 cam_intrinsic: Tensor, camera2lidar: Tensor, img_aug_matrix: Tensor,

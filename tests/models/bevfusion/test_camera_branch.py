@@ -18,9 +18,10 @@ import mmdet3d_scaling  # noqa: F401  (registers the models)
 from mmdet3d.registry import MODELS
 from mmengine.registry import DefaultScope
 
+from tests.devices import DEVICES
+
 REFERENCE_JSON = osp.join(osp.dirname(osp.dirname(osp.dirname(osp.abspath(__file__)))),
                           'data', 'reference', 'official_bevfusion_state_dict.json')
-DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 LIDAR_CAM = 'bevfusion_lidar-cam_voxel0075_second_secfpn_8xb4-cyclic-20e_nus-3d'
 
 # Official camera-branch settings (mmdet3d 1.4's LiDAR-camera config).
